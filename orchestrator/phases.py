@@ -1,0 +1,140 @@
+"""Startup phase records: the only source /health/* reads, and one log event per transition."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+
+PHASES = ("bind", "prefetch", "forkserver", "engine", "warmup", "ready")
+State = Literal["pending", "running", "done", "skipped", "failed"]
+
+log = structlog.get_logger("warmpool.phases")
+
+
+def _process_age() -> float:
+    """Seconds this process has existed, so phase times count from exec, not from this import."""
+    try:
+        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        boot_uptime = float(open("/proc/uptime").read().split()[0])
+        return max(boot_uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+_T0 = time.monotonic() - _process_age()
+
+
+def uptime() -> float:
+    """Seconds since this process started importing warmpool (≈ process start)."""
+    return time.monotonic() - _T0
+
+
+@dataclass
+class Phase:
+    name: str
+    state: State = "pending"
+    started_s: float | None = None
+    duration_s: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        duration = self.duration_s
+        if self.state == "running" and self.started_s is not None:
+            duration = uptime() - self.started_s
+        return {
+            "name": self.name,
+            "state": self.state,
+            "started_s": _round(self.started_s),
+            "duration_s": _round(duration),
+            "detail": dict(self.detail),
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+class Phases:
+    """Thread-safe phase table; startup threads write it, HTTP handlers read it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._phases = {name: Phase(name) for name in PHASES}
+        self.draining = False
+        self.engine_up = False
+
+    def start(self, name: str, **detail: Any) -> None:
+        self._move(name, "running", detail, start=True)
+
+    def update(self, name: str, **detail: Any) -> None:
+        with self._lock:
+            self._phases[name].detail.update(detail)
+
+    def done(self, name: str, **detail: Any) -> None:
+        self._move(name, "done", detail)
+
+    def skip(self, name: str, reason: str, **detail: Any) -> None:
+        self._move(name, "skipped", {"reason": reason, **detail}, start=True)
+
+    def fail(self, name: str, error: str, **detail: Any) -> None:
+        self._move(name, "failed", {"error": error, **detail})
+
+    def _move(self, name: str, state: State, detail: dict[str, Any], start: bool = False) -> None:
+        now = uptime()
+        with self._lock:
+            phase = self._phases[name]
+            if start or phase.started_s is None:
+                phase.started_s = now
+            phase.state = state
+            phase.detail.update(detail)
+            phase.duration_s = None if state == "running" else now - phase.started_s
+            record = phase.as_dict()
+        event = log.error if state == "failed" else log.info
+        event("phase", phase=name, state=state, started_s=record["started_s"],
+              duration_s=record["duration_s"], **record["detail"])
+
+    def state(self, name: str) -> State:
+        with self._lock:
+            return self._phases[name].state
+
+    @property
+    def failed(self) -> bool:
+        with self._lock:
+            return any(p.state == "failed" for p in self._phases.values())
+
+    @property
+    def started(self) -> bool:
+        return self.state("ready") == "done"
+
+    @property
+    def serving(self) -> bool:
+        """An engine can take work now and we are not draining."""
+        return self.started and self.engine_up and not self.draining
+
+    def status(self) -> str:
+        if self.failed:
+            return "failed"
+        if self.draining:
+            return "draining"
+        if not self.started:
+            return "starting"
+        return "ready" if self.engine_up else "recovering"
+
+    def current(self) -> str | None:
+        """The phase a client waiting for readiness is held up by."""
+        with self._lock:
+            for phase in self._phases.values():
+                if phase.state in ("running", "failed"):
+                    return phase.name
+            pending = [p.name for p in self._phases.values() if p.state == "pending"]
+        return pending[0] if pending else None
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            phases = [p.as_dict() for p in self._phases.values()]
+        return {"status": self.status(), "uptime_s": round(uptime(), 4), "phases": phases}

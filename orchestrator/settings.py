@@ -1,0 +1,90 @@
+"""The one settings object: every field is an env var `WARMPOOL_<NAME>` and a CLI flag `--<name>`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="WARMPOOL_",
+        cli_kebab_case=True,
+        cli_implicit_flags=False,
+        extra="ignore",
+    )
+
+    model: str = Field(
+        "./models/all-MiniLM-L6-v2",
+        description="Model folder, or a Hugging Face repo id resolved offline from HF_HOME.",
+    )
+    served_model_name: str | None = Field(None, description="Name clients use; default: the folder's name.")
+    host: str = Field("127.0.0.1", description="Listen address (0.0.0.0 in the image).")
+    port: int = Field(8000, ge=0, le=65535, description="Listen port.")
+
+    max_batch_tokens: int = Field(16384, ge=1, description="Padded tokens per engine batch.")
+    max_batch_size: int = Field(256, ge=1, description="Inputs per engine batch.")
+    max_inputs_per_request: int = Field(2048, ge=1, description="Inputs one request may carry.")
+    max_concurrent_inputs: int | None = Field(
+        None, ge=1, description="Admission permits (one per input); default 4 x max_batch_tokens / 64."
+    )
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Request body limit (413 past it).")
+
+    engine_threads: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, ge=1, description="torch threads in the engine."
+    )
+    executor_threads: int = Field(4, ge=1, description="Threads for tokenizing and response building.")
+    start_method: Literal["forkserver", "spawn"] = Field(
+        "forkserver", description="How engines start; spawn is the fallback."
+    )
+
+    prefetch: Literal["on", "off"] = Field("on", description="Warm the page cache with the model files.")
+    prefetch_threads: int = Field(8, ge=1, le=64, description="Prefetch readers (1 for a spinning disk).")
+
+    max_restarts: int = Field(5, ge=0, description="Engine restarts allowed within restart_window.")
+    restart_window: float = Field(300.0, gt=0, description="Seconds over which restarts are counted.")
+    drain_timeout: float = Field(30.0, ge=0, description="Seconds to finish in-flight requests on SIGTERM.")
+    fail_linger: float = Field(10.0, ge=0, description="Seconds a failed start keeps /health/startup up.")
+    request_timeout: float = Field(120.0, gt=0, description="Seconds a request may wait for the engine.")
+
+    api_key: SecretStr | None = Field(None, description="Bearer token required on API routes.")
+    api_key_file: Path | None = Field(None, description="File holding the API key (a mounted secret).")
+
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto", description="auto: console on a TTY, JSON otherwise."
+    )
+
+    @property
+    def model_path(self) -> Path:
+        return resolve_model_path(self.model)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model.rstrip("/")).name
+
+    @property
+    def admission_permits(self) -> int:
+        return self.max_concurrent_inputs or max(64, 4 * self.max_batch_tokens // 64)
+
+    def resolved_api_key(self) -> str | None:
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_file is not None:
+            return self.api_key_file.read_text().strip()
+        return None
+
+
+def resolve_model_path(model: str) -> Path:
+    """A folder as given, or a repo id looked up in the offline Hugging Face cache."""
+    path = Path(model).expanduser()
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
+        return path.resolve()
+    cache = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+    snapshots = cache / f"models--{model.replace('/', '--')}" / "snapshots"
+    found = sorted(snapshots.glob("*"), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
+    return found[-1] if found else path.resolve()

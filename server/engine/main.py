@@ -1,0 +1,92 @@
+"""Engine process entry: load, warm up, then serve batches from the pipe until told to stop or orphaned.
+
+Preloaded by the forkserver, so forked engines find torch and transformers already imported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import Any
+
+from server.engine import preload  # noqa: F401  (imports the model-load path ahead of time)
+from server.engine.batching import Item, split_by_length, take_batch
+from server.engine.model import PoolingModel
+from server.ipc import EngineSpec, Msg
+from server.modelinfo import ModelError, load_model_info
+
+# The pid that imported this module: the forkserver's when preloading worked, the engine's otherwise.
+IMPORTED_BY_PID = os.getpid()
+
+
+def run(conn: Connection, spec: EngineSpec) -> None:
+    # The HTTP process owns shutdown: SIGINT from a terminal must not kill the engine mid-batch.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    started = time.monotonic()
+    try:
+        model = PoolingModel(load_model_info(spec.model_path), spec.threads)
+        loaded = time.monotonic()
+        conn.send((Msg.LOADED, {"pid": os.getpid(), "load_s": round(loaded - started, 3),
+                                "preloaded": IMPORTED_BY_PID != os.getpid()}))
+        model.warm_up()
+        conn.send((Msg.READY, {"warmup_s": round(time.monotonic() - loaded, 3)}))
+    except ModelError as exc:
+        conn.send((Msg.FAILED, str(exc)))
+        return
+    except Exception as exc:
+        conn.send((Msg.FAILED, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
+        return
+    serve(conn, model, spec)
+
+
+def serve(conn: Connection, model: PoolingModel, spec: EngineSpec) -> None:
+    pending: deque[Item] = deque()
+    while True:
+        try:
+            if not pending and not _handle(conn.recv(), pending):
+                return
+            while conn.poll(0):
+                if not _handle(conn.recv(), pending):
+                    return
+        except (EOFError, OSError):
+            return  # the HTTP process is gone: nothing left to serve
+        batch = take_batch(pending, spec.max_batch_tokens, spec.max_batch_size)
+        if batch:
+            _run_batch(conn, model, batch)
+
+
+def _handle(message: tuple[str, Any], pending: deque[Item]) -> bool:
+    kind, body = message
+    if kind == Msg.SUBMIT:
+        pending.extend(Item(*fields) for fields in body)
+    elif kind == Msg.CANCEL:
+        dropped = set(body)
+        kept = [item for item in pending if item.key not in dropped]
+        pending.clear()
+        pending.extend(kept)
+    elif kind == Msg.STOP:
+        return False
+    return True
+
+
+def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item]) -> None:
+    for group in split_by_length(batch):
+        t0 = time.perf_counter()
+        try:
+            vectors = model.forward(group)
+        except Exception as exc:  # a bad batch fails its requests, not the engine
+            conn.send((Msg.ERROR, ([item.key for item in group], f"{type(exc).__name__}: {exc}")))
+            continue
+        conn.send((Msg.RESULT, (
+            [item.key for item in group],
+            vectors,
+            {
+                "batch_size": len(group),
+                "batch_tokens": max(len(i.input_ids) for i in group) * len(group),
+                "inference_ms": (time.perf_counter() - t0) * 1000,
+            },
+        )))

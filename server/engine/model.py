@@ -1,0 +1,64 @@
+"""The model in the engine process: load, pad, forward under inference_mode, pool."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import AutoModel, AutoModelForSequenceClassification
+
+from server.engine.batching import Item
+from server.modelinfo import ModelError, ModelInfo, PoolingMode
+
+
+class PoolingModel:
+    def __init__(self, info: ModelInfo, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.info = info
+        loader = AutoModel if info.kind == "embedding" else AutoModelForSequenceClassification
+        try:
+            self.model = loader.from_pretrained(str(info.path), dtype=torch.float32)
+        except Exception as exc:  # transformers raises many types for a broken folder
+            raise ModelError(f"cannot load model from {info.path}: {type(exc).__name__}: {exc}") from exc
+        self.model.eval()
+        self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+
+    @torch.inference_mode()
+    def forward(self, items: list[Item]) -> np.ndarray:
+        """One padded forward pass; rows in the order of items, float32."""
+        longest = max(len(item.input_ids) for item in items)
+        ids = torch.full((len(items), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(items), longest), dtype=torch.long)
+        types = torch.zeros((len(items), longest), dtype=torch.long)
+        for row, item in enumerate(items):
+            n = len(item.input_ids)
+            ids[row, :n] = torch.tensor(item.input_ids, dtype=torch.long)
+            mask[row, :n] = 1
+            if item.token_type_ids is not None:
+                types[row, :n] = torch.tensor(item.token_type_ids, dtype=torch.long)
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        if getattr(self.model.config, "type_vocab_size", 0):
+            inputs["token_type_ids"] = types
+        out = self.model(**inputs)
+        if self.info.kind != "embedding":
+            return out.logits.float().numpy()
+        return pool(out.last_hidden_state, mask, self.info.pooling).float().numpy()
+
+    def warm_up(self) -> None:
+        """First-call costs (allocator, kernels, lazy imports) paid before readiness flips."""
+        length = self.info.max_model_len
+        self.forward([Item(0, [self.pad_id + 1] * length)])
+        self.forward([Item(i, [self.pad_id + 1] * 8) for i in range(4)])
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: PoolingMode) -> torch.Tensor:
+    """Sentence-transformers' Pooling module arithmetic, so vectors match it."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "lasttoken":
+        last = mask.sum(dim=1) - 1
+        return hidden[torch.arange(hidden.shape[0]), last]
+    expanded = mask.unsqueeze(-1).to(hidden.dtype)
+    if mode == "max":
+        return hidden.masked_fill(expanded == 0, -1e9).max(dim=1).values
+    summed = (hidden * expanded).sum(dim=1)
+    return summed / expanded.sum(dim=1).clamp(min=1e-9)

@@ -1,0 +1,31 @@
+"""Modules the model-load path imports lazily, imported here so the forkserver pays for them once.
+
+On this machine `from_pretrained` of a 90 MB model spends most of its time in such imports
+(DESIGN.md §8); forked engines then find them in sys.modules.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch  # noqa: F401
+import transformers  # noqa: F401
+from transformers import AutoModel, AutoModelForSequenceClassification  # noqa: F401
+
+LAZY = [
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "transformers.masking_utils",
+    "transformers.modeling_layers",
+    "transformers.generation.utils",
+    "transformers.models.bert.modeling_bert",
+    "transformers.models.xlm_roberta.modeling_xlm_roberta",
+]
+
+transformers.utils.logging.disable_progress_bar()
+
+for name in LAZY:
+    try:
+        importlib.import_module(name)
+    except Exception:  # a module missing in this transformers version only costs time later
+        pass

@@ -1,0 +1,109 @@
+"""Every error leaves in the OpenAI shape {"error": {message, type, param, code}}: clients parse it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import structlog
+
+log = structlog.get_logger("warmpool.errors")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+        self.extra = extra or {}
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    body: dict[str, Any] = {
+        "error": {
+            "message": exc.message,
+            "type": _TYPES.get(exc.status, "invalid_request_error"),
+            "param": exc.param,
+            "code": exc.code if exc.code is not None else exc.status,
+            **exc.extra,
+        }
+    }
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+
+def from_validation(errors: list[Any]) -> APIError:
+    """The first problem pydantic found, worded for a person, with the field it names as param."""
+    if not errors:
+        return bad_request("invalid request body")
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
+    # Union members add their type name to the path; keep the field path only.
+    loc = [p for p in loc if not any(ch in p for ch in "[]") and p not in _UNION_TAGS]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return bad_request(f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
+    if first.get("type") == "missing":
+        return bad_request(f"missing required field '{param}'", param)
+    return bad_request(f"invalid value for '{param or 'body'}': {first.get('msg')}", param)
+
+
+_UNION_TAGS = {"str", "int", "list", "float", "bool", "dict", "function-after"}
+
+
+def install(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, APIError)
+        return error_response(exc)
+
+    async def validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError | ValidationError)
+        return error_response(from_validation(list(exc.errors())))
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        return error_response(APIError(exc.status_code, detail, headers=dict(exc.headers or {})))
+
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled_error", error=str(exc))
+        return error_response(APIError(500, "internal error", code="internal_error"))
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(ValidationError, validation)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)

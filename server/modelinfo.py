@@ -1,0 +1,117 @@
+"""What a model folder is, read from its config files alone (no torch): kind, pooling, lengths, labels."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Kind = Literal["embedding", "classification", "cross-encoder"]
+PoolingMode = Literal["mean", "cls", "lasttoken", "max"]
+
+_POOLING_KEYS: dict[str, PoolingMode] = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_lasttoken": "lasttoken",
+    "pooling_mode_max_tokens": "max",
+}
+
+
+class ModelError(Exception):
+    """The model folder is missing, unreadable or not something warmpool can serve."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    kind: Kind
+    architecture: str
+    max_model_len: int
+    hidden_size: int
+    vocab_size: int
+    pooling: PoolingMode = "mean"
+    normalize: bool = False
+    id2label: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def dimensions(self) -> int:
+        """Length of the vector the engine returns per input."""
+        return self.hidden_size if self.kind == "embedding" else max(len(self.id2label), 1)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict | list):
+        raise ModelError(f"{path} is not a JSON object")
+    return data if isinstance(data, dict) else {"modules": data}
+
+
+def load_model_info(path: Path) -> ModelInfo:
+    if not path.is_dir():
+        raise ModelError(f"model folder not found: {path}")
+    config = _read_json(path / "config.json")
+    if not config:
+        raise ModelError(f"no config.json in model folder {path}")
+    architecture = (config.get("architectures") or ["AutoModel"])[0]
+    modules = _read_json(path / "modules.json").get("modules", [])
+    st_config = _read_json(path / "sentence_bert_config.json")
+    kind = _kind(architecture, config, bool(modules))
+    id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
+    if kind == "cross-encoder":
+        id2label = id2label if len(id2label) == 1 else {0: "score"}
+    pooling, normalize = _pooling(path, modules)
+    return ModelInfo(
+        path=path,
+        kind=kind,
+        architecture=architecture,
+        max_model_len=_max_len(path, config, st_config),
+        hidden_size=int(config.get("hidden_size") or config.get("d_model") or 0),
+        vocab_size=int(config.get("vocab_size") or 0),
+        pooling=pooling,
+        normalize=normalize,
+        id2label=id2label,
+    )
+
+
+def _kind(architecture: str, config: dict[str, Any], sentence_transformers: bool) -> Kind:
+    if architecture.endswith("ForSequenceClassification"):
+        labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2
+        return "cross-encoder" if labels == 1 else "classification"
+    return "embedding"
+
+
+def _pooling(path: Path, modules: list[dict[str, Any]]) -> tuple[PoolingMode, bool]:
+    """Sentence-transformers modules decide; a plain encoder gets mean pooling, as ST would give it."""
+    pooling: PoolingMode = "mean"
+    normalize = False
+    for module in modules:
+        kind = str(module.get("type", ""))
+        if kind.endswith("Pooling"):
+            conf = _read_json(path / module.get("path", "") / "config.json")
+            modes = [mode for key, mode in _POOLING_KEYS.items() if conf.get(key)]
+            if conf.get("pooling_mode") in _POOLING_KEYS.values():
+                modes = [conf["pooling_mode"]]
+            if len(modes) > 1:
+                raise ModelError(f"combined pooling modes {modes} are not supported")
+            pooling = modes[0] if modes else "mean"
+        elif kind.endswith("Normalize"):
+            normalize = True
+        elif kind and not kind.endswith("Transformer"):
+            raise ModelError(f"sentence-transformers module {kind} is not supported")
+    return pooling, normalize
+
+
+def _max_len(path: Path, config: dict[str, Any], st_config: dict[str, Any]) -> int:
+    if st_config.get("max_seq_length"):
+        return int(st_config["max_seq_length"])
+    candidates = [int(config.get("max_position_embeddings") or 512)]
+    tok_max = _read_json(path / "tokenizer_config.json").get("model_max_length")
+    if isinstance(tok_max, int | float) and 0 < tok_max < 1_000_000:
+        candidates.append(int(tok_max))
+    return min(candidates)

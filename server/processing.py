@@ -1,0 +1,148 @@
+"""Pre- and post-processing that runs on the executor, never on the event loop (vLLM #39763).
+
+Parsing, validation and tokenizing before the engine; normalising, truncating and JSON/base64
+encoding after it. Each function here is synchronous and thread safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, ParamSpec, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from server.errors import APIError, bad_request, from_validation
+from server.modelinfo import ModelInfo
+from server.tokenizer import TokenizerPool, Tokens
+
+P = ParamSpec("P")
+R = TypeVar("R")
+M = TypeVar("M", bound=BaseModel)
+
+
+def make_async(fn: Callable[P, R], executor: Executor) -> Callable[P, asyncio.Future[R]]:
+    """Run fn on the executor; the awaiting coroutine keeps the loop free meanwhile."""
+
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(executor, functools.partial(fn, *args, **kwargs))
+
+    return wrapper
+
+
+def parse(model: type[M], raw: bytes) -> M:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise from_validation(list(exc.errors())) from None
+
+
+def tokenize_inputs(
+    value: str | list[str] | list[int] | list[list[int]],
+    info: ModelInfo,
+    tokenizers: TokenizerPool,
+    truncate: int | None,
+    max_inputs: int,
+    field: str = "input",
+) -> list[Tokens]:
+    """Text or token ids -> checked token lists, one per input."""
+    limit = _truncation(truncate, info)
+    if isinstance(value, str):
+        texts: list[Any] = [value]
+    elif value and isinstance(value[0], int):
+        texts = [value]
+    else:
+        texts = list(value)
+    if not texts:
+        raise bad_request(f"'{field}' must not be empty", field)
+    if len(texts) > max_inputs:
+        raise bad_request(
+            f"'{field}' has {len(texts)} inputs, more than the limit of {max_inputs} per request", field
+        )
+    if isinstance(texts[0], str):
+        if limit is None:
+            tokens = tokenizers.encode_batch(texts)
+        else:
+            tokens = [tokenizers.encode(text, truncate=limit) for text in texts]
+    else:
+        vocab = info.vocab_size or tokenizers.vocab_size
+        tokens = [Tokens(_checked_ids(ids, i, vocab, field)[:limit]) for i, ids in enumerate(texts)]
+    for i, tok in enumerate(tokens):
+        check_length(len(tok.input_ids), info, f"{field}[{i}]" if len(tokens) > 1 else field)
+    return tokens
+
+
+def _truncation(truncate: int | None, info: ModelInfo) -> int | None:
+    if truncate is None:
+        return None
+    if truncate == -1:
+        return info.max_model_len
+    if truncate == 0 or truncate > info.max_model_len:
+        raise bad_request(
+            f"truncate_prompt_tokens must be -1 or between 1 and the model's maximum of "
+            f"{info.max_model_len} tokens, got {truncate}",
+            "truncate_prompt_tokens",
+        )
+    return truncate
+
+
+def _checked_ids(ids: list[int], index: int, vocab: int, field: str) -> list[int]:
+    if not ids:
+        raise bad_request(f"{field}[{index}] is an empty token list", field)
+    bad = next((t for t in ids if t < 0 or t >= vocab), None)
+    if bad is not None:
+        raise bad_request(
+            f"token id {bad} in {field}[{index}] is outside the vocabulary (0..{vocab - 1})", field
+        )
+    return ids
+
+
+def check_length(n_tokens: int, info: ModelInfo, where: str) -> None:
+    if n_tokens > info.max_model_len:
+        raise bad_request(
+            f"{where} has {n_tokens} tokens, more than the model's maximum of {info.max_model_len}; "
+            "shorten it or set truncate_prompt_tokens",
+            where.split("[")[0],
+        )
+
+
+def normalize(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def embeddings(vectors: np.ndarray, info: ModelInfo, dimensions: int | None, norm: bool) -> np.ndarray:
+    """Pooled vectors as the model's modules define them, truncated to `dimensions` (Matryoshka)."""
+    if dimensions is not None:
+        if dimensions > vectors.shape[1]:
+            raise bad_request(
+                f"dimensions={dimensions} is larger than the model's {vectors.shape[1]}", "dimensions"
+            )
+        vectors = vectors[:, :dimensions]
+        norm = True
+    return normalize(vectors) if norm else vectors.astype(np.float32)
+
+
+def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()  # type: ignore[no-any-return]
+
+
+def to_json(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+def require_kind(info: ModelInfo, route: str, *kinds: str) -> None:
+    if info.kind not in kinds:
+        raise APIError(
+            400,
+            f"{route} is not supported by model kind '{info.kind}' (it serves {', '.join(kinds)} models)",
+            code="unsupported_route",
+        )

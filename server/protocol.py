@@ -1,0 +1,58 @@
+"""Request bodies of the routes (OpenAI, vLLM, Jina/Cohere and TEI shapes); parsed on the executor."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+
+TextOrTokens = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+
+_INPUT_SHAPES = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+
+def check_input_shape(value: Any, field: str = "input") -> Any:
+    """One clear message for every wrong shape instead of pydantic's four union branches."""
+    if isinstance(value, str):
+        return value
+    ok = isinstance(value, list) and (
+        all(isinstance(v, str) for v in value)
+        or all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        or all(
+            isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+            for v in value
+        )
+    )
+    if not ok:
+        raise ValueError(f"'{field}' must be {_INPUT_SHAPES}")
+    if not value:
+        raise ValueError(f"'{field}' must not be empty")
+    return value
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class EmbeddingRequest(Body):
+    input: TextOrTokens
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input_shape(cls, value: Any) -> Any:
+        return check_input_shape(value)
+
+
+def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The request schema for /openapi.json: routes read the raw body and parse it on the executor."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }

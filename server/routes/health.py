@@ -1,0 +1,38 @@
+"""Probes: answer from the first second, from the phase table alone (no engine round trip)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from server.runtime import runtime
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health/live")
+async def live() -> JSONResponse:
+    """The process and its event loop are alive."""
+    return JSONResponse({"status": "alive"})
+
+
+@router.get("/health/startup")
+async def startup(request: Request) -> JSONResponse:
+    """503 while starting or failed, 200 once ready; always the phase table."""
+    phases = runtime(request).phases
+    return JSONResponse(phases.snapshot(), status_code=200 if phases.started else 503)
+
+
+@router.get("/health/ready")
+async def ready(request: Request) -> JSONResponse:
+    """200 only while an engine can serve and the server is not draining."""
+    phases = runtime(request).phases
+    if phases.serving:
+        return JSONResponse({"status": "ready"})
+    return JSONResponse(phases.snapshot(), status_code=503, headers={"Retry-After": "1"})
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """What vLLM and TEI clients poll: the readiness answer."""
+    return await ready(request)

@@ -1,0 +1,108 @@
+"""What every route shares: settings, phases, the executor, the engine client, the loaded model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from orchestrator.phases import Phases
+from orchestrator.settings import Settings
+from server.errors import APIError
+from server.ipc import EngineClient, EngineFailed, EngineUnavailable, Outcome
+from server.modelinfo import ModelInfo
+from server.processing import make_async
+from server.tokenizer import TokenizerPool, Tokens
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass
+class Timings:
+    started: float = field(default_factory=time.perf_counter)
+    tokenization_ms: float = 0.0
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+
+    def headers(self) -> dict[str, str]:
+        total = (time.perf_counter() - self.started) * 1000
+        return {
+            "x-total-time": f"{total:.0f}",
+            "x-tokenization-time": f"{self.tokenization_ms:.0f}",
+            "x-queue-time": f"{self.queue_ms:.0f}",
+            "x-inference-time": f"{self.inference_ms:.0f}",
+        }
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    phases: Phases
+    executor: ThreadPoolExecutor
+    engine: EngineClient | None = None
+    model: ModelInfo | None = None
+    tokenizers: TokenizerPool | None = None
+
+    async def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """fn on the executor (tokenizing, validation, response building)."""
+        return await make_async(fn, self.executor)(*args, **kwargs)
+
+    def loaded(self) -> tuple[ModelInfo, TokenizerPool]:
+        """The model, or 503 while starting, recovering or draining."""
+        if not self.phases.serving or self.model is None or self.tokenizers is None:
+            raise self.unavailable()
+        return self.model, self.tokenizers
+
+    def unavailable(self, message: str | None = None) -> APIError:
+        status = self.phases.status()
+        phase = self.phases.current()
+        text = message or {
+            "draining": "server is shutting down",
+            "recovering": "the engine is restarting",
+            "failed": f"startup failed in phase '{phase}'",
+        }.get(status, f"server is starting (phase '{phase}')")
+        return APIError(
+            503, text, code="not_ready", headers={"Retry-After": "1"},
+            extra={"status": status, "phase": phase},
+        )
+
+    async def pool(self, tokens: list[Tokens], timings: Timings) -> Outcome:
+        """Send inputs to the engine and wait; engine loss and timeouts become 503, never a hang."""
+        if self.engine is None:
+            raise self.unavailable()
+        try:
+            future, keys = self.engine.submit(tokens)
+        except EngineUnavailable:
+            raise self.unavailable() from None
+        try:
+            outcome = await asyncio.wait_for(future, self.settings.request_timeout)
+        except TimeoutError:
+            self.engine.cancel(keys)
+            raise self.unavailable("timed out waiting for the engine") from None
+        except asyncio.CancelledError:
+            self.engine.cancel(keys)
+            raise
+        except EngineUnavailable as exc:
+            raise self.unavailable(str(exc)) from None
+        except EngineFailed as exc:
+            raise APIError(500, f"the engine failed on this batch: {exc}", code="engine_error") from None
+        timings.queue_ms = outcome.queue_ms
+        timings.inference_ms = outcome.inference_ms
+        return outcome
+
+
+def runtime(request: Request) -> Runtime:
+    rt: Runtime = request.app.state.runtime
+    return rt
+
+
+def json_response(body: bytes, timings: Timings | None = None) -> Response:
+    headers = timings.headers() if timings else None
+    return Response(content=body, media_type="application/json", headers=headers)
