@@ -20,7 +20,6 @@ from orchestrator.settings import Settings
 from orchestrator.workers import EngineStartError, Workers
 from server.app import create_app, with_middleware
 from server.ipc import EngineClient
-from server.middleware import RequestTracking
 from server.modelinfo import ModelError, ModelInfo, load_model_info
 from server.runtime import Runtime
 from server.tokenizer import TokenizerPool
@@ -41,10 +40,9 @@ def bind(host: str, port: int) -> socket.socket:
 class Appliance(uvicorn.Server):
     """uvicorn's server plus warmpool's boot, supervision and drain."""
 
-    def __init__(self, config: uvicorn.Config, rt: Runtime, tracker: RequestTracking) -> None:
+    def __init__(self, config: uvicorn.Config, rt: Runtime) -> None:
         super().__init__(config)
         self.rt = rt
-        self.tracker = tracker
         self.exit_code = 0
         self.workers: Workers | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -101,13 +99,13 @@ class Appliance(uvicorn.Server):
         """Readiness 503 at once, new work 503, in-flight work finishes, then engines stop."""
         phases = self.rt.phases
         phases.draining = True
-        log.info("draining", in_flight=self.tracker.in_flight, timeout_s=self.rt.settings.drain_timeout)
+        log.info("draining", in_flight=self.rt.in_flight, timeout_s=self.rt.settings.drain_timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.rt.settings.drain_timeout
-        while self.tracker.in_flight > 0 and loop.time() < deadline:
+        while self.rt.in_flight > 0 and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        if self.tracker.in_flight:
-            log.warning("drain_timeout", in_flight=self.tracker.in_flight)
+        if self.rt.in_flight:
+            log.warning("drain_timeout", in_flight=self.rt.in_flight)
         await self.shutdown_engines()
         log.info("drained")
         self.should_exit = True
@@ -158,12 +156,11 @@ def run(settings: Settings) -> int:
     phases.done("bind", host=settings.host, port=sock.getsockname()[1])
     executor = ThreadPoolExecutor(settings.executor_threads, thread_name_prefix="warmpool-exec")
     rt = Runtime(settings=settings, phases=phases, executor=executor)
-    tracker = with_middleware(create_app(rt))
     config = uvicorn.Config(
-        tracker, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=30,
+        with_middleware(create_app(rt)), log_config=None, access_log=False, lifespan="off", timeout_keep_alive=30,
         timeout_graceful_shutdown=max(settings.drain_timeout, 1.0),
     )
-    server = Appliance(config, rt, tracker)
+    server = Appliance(config, rt)
     server.run(sockets=[sock])
     executor.shutdown(wait=False, cancel_futures=True)
     log.info("exit", code=server.exit_code)

@@ -26,5 +26,5 @@ def create_app(rt: Runtime) -> FastAPI:
 
 
 def with_middleware(app: FastAPI) -> RequestTracking:
-    """The ASGI app uvicorn serves; the tracker's in_flight is what draining waits on."""
-    return RequestTracking(app)
+    """The ASGI app uvicorn serves."""
+    return RequestTracking(app, app.state.runtime)

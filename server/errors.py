@@ -78,7 +78,10 @@ def from_validation(errors: list[Any]) -> APIError:
         return bad_request(f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
     if first.get("type") == "missing":
         return bad_request(f"missing required field '{param}'", param)
-    return bad_request(f"invalid value for '{param or 'body'}': {first.get('msg')}", param)
+    message = str(first.get("msg", "")).removeprefix("Value error, ")
+    if param is None:
+        return bad_request(f"invalid request body: {message}")
+    return bad_request(f"invalid value for '{param}': {message}", param)
 
 
 _UNION_TAGS = {"str", "int", "list", "float", "bool", "dict", "function-after"}

@@ -7,13 +7,15 @@ import uuid
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.runtime import Runtime
+
 
 class RequestTracking:
     """Echo or mint x-request-id, bind it to the log context, and count requests in flight."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, rt: Runtime) -> None:
         self.app = app
-        self.in_flight = 0
+        self.rt = rt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -29,12 +31,12 @@ class RequestTracking:
                 message["headers"] = headers
             await send(message)
 
-        self.in_flight += 1
+        self.rt.in_flight += 1
         try:
             with structlog.contextvars.bound_contextvars(request_id=request_id):
                 await self.app(scope, receive, send_with_id)
         finally:
-            self.in_flight -= 1
+            self.rt.in_flight -= 1
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -49,6 +49,7 @@ class Runtime:
     engine: EngineClient | None = None
     model: ModelInfo | None = None
     tokenizers: TokenizerPool | None = None
+    in_flight: int = 0  # HTTP requests being answered; draining waits for 0
 
     async def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """fn on the executor (tokenizing, validation, response building)."""

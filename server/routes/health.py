@@ -19,8 +19,9 @@ async def live() -> JSONResponse:
 @router.get("/health/startup")
 async def startup(request: Request) -> JSONResponse:
     """503 while starting or failed, 200 once ready; always the phase table."""
-    phases = runtime(request).phases
-    return JSONResponse(phases.snapshot(), status_code=200 if phases.started else 503)
+    rt = runtime(request)
+    body = {**rt.phases.snapshot(), "in_flight": rt.in_flight - 1}  # less this probe
+    return JSONResponse(body, status_code=200 if rt.phases.started else 503)
 
 
 @router.get("/health/ready")

@@ -1,0 +1,106 @@
+"""A real `python -m orchestrator` process on a free port, and condition waits with deadlines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll until condition() is truthy; fail with `what` past the deadline."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except (httpx.HTTPError, OSError) as exc:
+            last_error = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error})")
+
+
+class ServerProcess:
+    def __init__(self, model: Path | str, log_path: Path, **settings: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPOOL_")}
+        env.update({"HF_HUB_OFFLINE": "1", "WARMPOOL_LOG_FORMAT": "json"})
+        env.update({f"WARMPOOL_{k.upper()}": str(v) for k, v in settings.items()})
+        env.update({"WARMPOOL_MODEL": str(model), "WARMPOOL_PORT": str(self.port)})
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115  (closed in stop())
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator"], cwd=ROOT, env=env,
+            stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return self.client.get(path, **kw)
+
+    def post(self, path: str, **kw: Any) -> httpx.Response:
+        return self.client.post(path, **kw)
+
+    def startup(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.get("/health/startup").json()
+        return body
+
+    def phase(self, name: str) -> dict[str, Any]:
+        return next(p for p in self.startup()["phases"] if p["name"] == name)
+
+    def wait_ready(self, timeout: float = 120) -> ServerProcess:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.logs()}")
+            return self.get("/health/ready").status_code == 200
+
+        wait_for(ready, timeout, "readiness")
+        return self
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def children(self) -> list[int]:
+        """Every descendant pid (engines are grandchildren, under the forkserver)."""
+        found, frontier = [], [self.proc.pid]
+        while frontier:
+            pid = frontier.pop()
+            try:
+                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                continue
+            found += [int(k) for k in kids]
+            frontier += [int(k) for k in kids]
+        return found
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.client.close()
+        self._log.close()
+        return self.proc.returncode

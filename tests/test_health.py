@@ -1,0 +1,38 @@
+"""Probes and the phase table of a server that has finished starting."""
+
+from __future__ import annotations
+
+from tests.server_process import ServerProcess
+
+
+def test_every_phase_has_finished_with_durations(server: ServerProcess) -> None:
+    r = server.get("/health/startup")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "ready"
+    names = [p["name"] for p in body["phases"]]
+    assert names == ["bind", "prefetch", "forkserver", "engine", "warmup", "ready"]
+    for phase in body["phases"]:
+        assert phase["state"] == "done", phase
+        assert phase["started_s"] >= 0 and phase["duration_s"] >= 0, phase
+
+
+def test_prefetch_read_the_model_files(server: ServerProcess, model_dir) -> None:  # type: ignore[no-untyped-def]
+    detail = server.phase("prefetch")["detail"]
+    total = sum(p.stat().st_size for p in model_dir.rglob("*") if p.is_file())
+    assert detail["bytes_total"] == total
+    assert detail["bytes_done"] == total
+    assert detail["files"] == sum(1 for p in model_dir.rglob("*") if p.is_file())
+
+
+def test_engine_was_forked_from_a_preloaded_forkserver(server: ServerProcess) -> None:
+    assert server.phase("forkserver")["detail"]["method"] == "forkserver"
+    engine = server.phase("engine")["detail"]
+    assert engine["preloaded"] is True, "the forkserver did not preload server.engine.main"
+    assert engine["pid"] in server.children()
+
+
+def test_probes_answer(server: ServerProcess) -> None:
+    assert server.get("/health/live").status_code == 200
+    assert server.get("/health/ready").json() == {"status": "ready"}
+    assert server.get("/health").status_code == 200

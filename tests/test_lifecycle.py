@@ -1,0 +1,141 @@
+"""Start-up, crashes, signals and failed starts, each on its own real server process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server_process import ServerProcess, wait_for
+
+TEXTS = ["The forkserver keeps engines a fork away.", "Readiness flips only when warm."]
+
+
+@pytest.fixture
+def log_path(tmp_path: Path) -> Path:
+    return tmp_path / "server.log"
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except OSError:
+        return True
+
+
+def test_live_answers_before_the_engine_is_loaded(model_dir: Path, log_path: Path) -> None:
+    server = ServerProcess(model_dir, log_path)
+    try:
+        wait_for(lambda: server.get("/health/live").status_code == 200, 30, "liveness", interval=0.01)
+        first_live = time.monotonic() - server.started
+        startup = server.get("/health/startup")
+        ready = server.get("/health/ready")
+        embed = server.post("/v1/embeddings", json={"input": "too early"})
+        print(f"first /health/live answer {first_live:.2f}s after launch")
+        # The port answers while torch is still being imported by the forkserver.
+        assert startup.status_code == 503 and ready.status_code == 503
+        phases = {p["name"]: p["state"] for p in startup.json()["phases"]}
+        assert phases["bind"] == "done"
+        assert phases["forkserver"] in ("pending", "running"), phases
+        assert phases["ready"] == "pending"
+        assert embed.status_code == 503 and embed.headers["retry-after"]
+        assert embed.json()["error"]["phase"] in ("prefetch", "forkserver")
+        server.wait_ready()
+        assert server.post("/v1/embeddings", json={"input": "now"}).status_code == 200
+    finally:
+        assert server.stop() == 0
+
+
+def test_kill_engine_under_load_recovers(model_dir: Path, log_path: Path) -> None:
+    server = ServerProcess(model_dir, log_path).wait_ready()
+    old_pid = server.phase("engine")["detail"]["pid"]
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            while not stop.is_set():
+                r = http.post("/v1/embeddings", json={"input": TEXTS * 8})
+                statuses.append(r.status_code)
+                if r.status_code == 503:
+                    assert r.json()["error"]["code"] == "not_ready"
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(client) for _ in range(8)]
+            wait_for(lambda: len(statuses) >= 16, 60, "load to build up")
+            os.kill(old_pid, signal.SIGKILL)
+            wait_for(lambda: server.get("/health/ready").status_code == 503 or
+                     server.phase("engine")["detail"]["pid"] != old_pid, 10, "readiness to drop")
+            wait_for(lambda: server.get("/health/ready").status_code == 200, 30, "readiness again")
+            served_after = len(statuses)
+            wait_for(lambda: len(statuses) >= served_after + 16, 60, "requests on the new engine")
+            stop.set()
+            for f in futures:
+                f.result(timeout=90)  # no request hung, none raised
+        new_pid = server.phase("engine")["detail"]["pid"]
+        assert new_pid != old_pid and gone(old_pid)
+        assert set(statuses) <= {200, 503}, set(statuses)
+        assert statuses[-8:] == [200] * 8
+        assert server.phase("engine")["detail"]["restarts"] == 1
+    finally:
+        stop.set()
+        assert server.stop() == 0
+
+
+def test_sigterm_finishes_in_flight_requests(model_dir: Path, log_path: Path) -> None:
+    server = ServerProcess(model_dir, log_path).wait_ready()
+    children = server.children()
+    assert len(children) >= 2  # forkserver (+ resource tracker) and the engine
+    batch = [" ".join(["drain"] * 120)] * 48  # ~0.5 s of engine time per request
+
+    def post() -> int:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            return http.post("/v1/embeddings", json={"input": batch}).status_code
+
+    with ThreadPoolExecutor(24) as pool:
+        futures = [pool.submit(post) for _ in range(24)]
+        wait_for(lambda: server.startup()["in_flight"] >= 20, 30, "20 requests in flight")
+        server.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: server.get("/health/ready").status_code == 503, 10, "draining readiness")
+        late = server.post("/v1/embeddings", json={"input": "late"})
+        assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
+        codes = [f.result(timeout=120) for f in futures]
+    assert codes == [200] * 24
+    assert server.stop() == 0
+    wait_for(lambda: all(gone(pid) for pid in children), 10, "children to exit")
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "bad_config"])
+def test_broken_model_fails_its_phase_and_exits_nonzero(
+    model_dir: Path, tmp_path: Path, log_path: Path, damage: str
+) -> None:
+    folder = tmp_path / "model"
+    if damage != "missing":
+        shutil.copytree(model_dir, folder)
+    if damage == "truncated":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    if damage == "bad_config":
+        (folder / "config.json").write_text("{ not json")
+    server = ServerProcess(folder, log_path, fail_linger=2)
+    try:
+        body = wait_for(lambda: (r := server.get("/health/startup")).json()["status"] == "failed"
+                        and r.json(), 60, "the failed phase")
+        failed = [p for p in body["phases"] if p["state"] == "failed"]
+        assert [p["name"] for p in failed] == ["engine"]
+        error = failed[0]["detail"]["error"]
+        expected = {"missing": "not found", "truncated": "model", "bad_config": "config.json"}[damage]
+        assert expected in error, error
+        assert server.get("/health/ready").status_code == 503
+        server.proc.wait(timeout=30)
+        assert server.proc.returncode != 0
+    finally:
+        server.stop()
