@@ -14,7 +14,8 @@ from types import FrameType
 import structlog
 import uvicorn
 
-from orchestrator import logs, prefetch
+from orchestrator.binding import EarlyResponder
+from orchestrator.forkserver import StartMethod
 from orchestrator.phases import Phases
 from orchestrator.settings import Settings
 from orchestrator.workers import EngineStartError, Workers
@@ -27,22 +28,13 @@ from server.tokenizer import TokenizerPool
 log = structlog.get_logger("warmpool.lifecycle")
 
 
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
 class Appliance(uvicorn.Server):
     """uvicorn's server plus warmpool's boot, supervision and drain."""
 
-    def __init__(self, config: uvicorn.Config, rt: Runtime) -> None:
+    def __init__(self, config: uvicorn.Config, rt: Runtime, method: StartMethod) -> None:
         super().__init__(config)
         self.rt = rt
+        self.method = method
         self.exit_code = 0
         self.workers: Workers | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -63,19 +55,16 @@ class Appliance(uvicorn.Server):
         rt, phases, settings = self.rt, self.rt.phases, self.rt.settings
         loop = asyncio.get_running_loop()
         rt.engine = EngineClient(loop)
-        workers = self.workers = Workers(settings, phases, rt.engine)
-        workers.on_fatal = lambda reason: loop.call_soon_threadsafe(self._spawn, self.fail(reason))
-        workers.start_forkserver()
-        phases.start("prefetch", threads=settings.prefetch_threads)
-        prefetch.start(
-            settings.model_path, settings.prefetch_threads, settings.prefetch == "on",
-            on_progress=lambda d: phases.update("prefetch", **d),
-            on_done=lambda d: phases.done("prefetch", **d),
-            on_skip=lambda reason: phases.skip("prefetch", reason),
-        )
+        workers = self.workers = Workers(settings, phases, rt.engine, self.method)
+
+        def on_fatal(reason: str) -> None:  # called from the supervisor thread
+            loop.call_soon_threadsafe(self._spawn, self.fail(reason))
+
+        workers.on_fatal = on_fatal
         engine_started = asyncio.wrap_future(_in_thread(workers.start_engine, "engine-start"))
         try:
-            rt.model, rt.tokenizers = await rt.run(_load_model_side, settings.model_path)
+            info, rt.tokenizers = await rt.run(_load_model_side, settings.model_path)
+            rt.model = info
             await engine_started
         except Exception as exc:
             if not self._draining:
@@ -85,7 +74,7 @@ class Appliance(uvicorn.Server):
                 await self.fail(message)
             return
         phases.start("ready")
-        phases.done("ready", model=settings.model_name, kind=rt.model.kind)
+        phases.done("ready", model=settings.model_name, kind=info.kind)
 
     async def fail(self, reason: str) -> None:
         """Keep /health/startup up for fail_linger seconds so people can read why, then exit 1."""
@@ -144,23 +133,27 @@ def _in_thread(fn: Callable[[], None], name: str) -> Future[None]:
     return future
 
 
-def run(settings: Settings) -> int:
-    logs.configure(settings.log_level, settings.log_format)
-    phases = Phases()
-    phases.start("bind")
-    try:
-        sock = bind(settings.host, settings.port)
-    except OSError as exc:
-        phases.fail("bind", f"cannot listen on {settings.host}:{settings.port}: {exc}")
-        return 2
-    phases.done("bind", host=settings.host, port=sock.getsockname()[1])
+def run(
+    settings: Settings,
+    phases: Phases,
+    sock: socket.socket,
+    early: EarlyResponder,
+    method: StartMethod,
+) -> int:
+    """Serve on the bound socket until drained or failed; the exit code for the process."""
     executor = ThreadPoolExecutor(settings.executor_threads, thread_name_prefix="warmpool-exec")
     rt = Runtime(settings=settings, phases=phases, executor=executor)
     config = uvicorn.Config(
-        with_middleware(create_app(rt)), log_config=None, access_log=False, lifespan="off", timeout_keep_alive=30,
-        timeout_graceful_shutdown=max(settings.drain_timeout, 1.0),
+        with_middleware(create_app(rt)),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=max(int(settings.drain_timeout), 1),
     )
-    server = Appliance(config, rt)
+    config.load()
+    server = Appliance(config, rt, method)
+    early.stop()
     server.run(sockets=[sock])
     executor.shutdown(wait=False, cancel_futures=True)
     log.info("exit", code=server.exit_code)

@@ -25,5 +25,8 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stdout),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=max(logging.WARNING, logging.getLevelName(level.upper())),
-                        stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=max(logging.WARNING, logging.getLevelName(level.upper())),
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )

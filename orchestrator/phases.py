@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import structlog
@@ -19,8 +20,8 @@ log = structlog.get_logger("warmpool.phases")
 def _process_age() -> float:
     """Seconds this process has existed, so phase times count from exec, not from this import."""
     try:
-        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
-        boot_uptime = float(open("/proc/uptime").read().split()[0])
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot_uptime = float(Path("/proc/uptime").read_text().split()[0])
         return max(boot_uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
     except (OSError, ValueError, IndexError):
         return 0.0
@@ -95,8 +96,14 @@ class Phases:
             phase.duration_s = None if state == "running" else now - phase.started_s
             record = phase.as_dict()
         event = log.error if state == "failed" else log.info
-        event("phase", phase=name, state=state, started_s=record["started_s"],
-              duration_s=record["duration_s"], **record["detail"])
+        event(
+            "phase",
+            phase=name,
+            state=state,
+            started_s=record["started_s"],
+            duration_s=record["duration_s"],
+            **record["detail"],
+        )
 
     def state(self, name: str) -> State:
         with self._lock:

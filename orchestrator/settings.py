@@ -30,12 +30,16 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(256, ge=1, description="Inputs per engine batch.")
     max_inputs_per_request: int = Field(2048, ge=1, description="Inputs one request may carry.")
     max_concurrent_inputs: int | None = Field(
-        None, ge=1, description="Admission permits (one per input); default 4 x max_batch_tokens / 64."
+        None,
+        ge=1,
+        description="Admission permits (one per input); default 4 x max_batch_tokens / 64.",
     )
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Request body limit (413 past it).")
 
     engine_threads: int = Field(
-        default_factory=lambda: os.cpu_count() or 1, ge=1, description="torch threads in the engine."
+        default_factory=lambda: os.cpu_count() or 1,
+        ge=1,
+        description="torch threads in the engine.",
     )
     executor_threads: int = Field(4, ge=1, description="Threads for tokenizing and response building.")
     start_method: Literal["forkserver", "spawn"] = Field(

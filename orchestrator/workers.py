@@ -6,25 +6,24 @@ upstream that raced with the main thread's imports, vLLM #40438) and stays up fo
 
 from __future__ import annotations
 
-import multiprocessing
+import multiprocessing.process
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from multiprocessing.context import BaseContext
 from typing import Any
 
 import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
+from orchestrator import forkserver
+from orchestrator.forkserver import PRELOAD, StartMethod
 from orchestrator.phases import Phases
 from orchestrator.settings import Settings
 from server.engine import entry
 from server.ipc import EngineClient, EngineSpec, Msg
 
-# server.engine.main imports torch, transformers and the model-load path (server.engine.preload).
-PRELOAD = ["server.engine.main"]
 STOP_GRACE_S = 5.0
 
 log = structlog.get_logger("warmpool.workers")
@@ -34,23 +33,12 @@ class EngineStartError(Exception):
     pass
 
 
-def choose_context(method: str) -> tuple[BaseContext, str | None]:
-    """The forkserver context, or spawn with the reason forkserver cannot be used."""
-    if method == "spawn":
-        return multiprocessing.get_context("spawn"), "spawn requested (WARMPOOL_START_METHOD)"
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn"), "forkserver is not available on this platform"
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx, None
-
-
 class Workers:
-    def __init__(self, settings: Settings, phases: Phases, client: EngineClient) -> None:
+    def __init__(self, settings: Settings, phases: Phases, client: EngineClient, method: StartMethod) -> None:
         self.settings = settings
         self.phases = phases
         self.client = client
-        self.ctx, self.fallback_reason = choose_context(settings.start_method)
+        self.method = method
         self.spec = EngineSpec(
             model_path=settings.model_path,
             threads=settings.engine_threads,
@@ -64,41 +52,21 @@ class Workers:
         self._lost = threading.Event()
         client.on_lost = self._engine_lost
 
-    @property
-    def method(self) -> str:
-        return "spawn" if self.fallback_reason else "forkserver"
-
-    def start_forkserver(self) -> None:
-        """Launch the forkserver now; its preload runs while we do other start-up work."""
-        self.phases.start("forkserver", method=self.method)
-        if self.fallback_reason:
-            log.warning("forkserver_unavailable", reason=self.fallback_reason)
-            self.phases.update("forkserver", fallback_reason=self.fallback_reason)
-            return
-        try:
-            from multiprocessing import forkserver
-
-            forkserver.ensure_running()
-        except Exception as exc:
-            self.ctx = multiprocessing.get_context("spawn")
-            self.fallback_reason = f"forkserver failed to start: {exc}"
-            log.warning("forkserver_unavailable", reason=self.fallback_reason)
-            self.phases.update("forkserver", method="spawn", fallback_reason=self.fallback_reason)
-
     def start_engine(self) -> None:
         """First engine: blocks until it is warm (runs on its own thread)."""
         self._launch(first=True)
         threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True).start()
 
     def _launch(self, first: bool = False) -> None:
-        parent, child = self.ctx.Pipe(duplex=True)
-        process = self.ctx.Process(target=entry.run, args=(child, self.spec), name="warmpool-engine",
-                                   daemon=True)
+        parent, child = self.method.ctx.Pipe(duplex=True)
+        process = self.method.ctx.Process(  # type: ignore[attr-defined]
+            target=entry.run, args=(child, self.spec), name="warmpool-engine", daemon=True
+        )
         process.start()  # with forkserver, returns once the server has preloaded and forked
         child.close()
         self.process = process
         if first:
-            self.phases.done("forkserver", preload=PRELOAD)
+            self.phases.done("forkserver", preload=PRELOAD if self.method.name == "forkserver" else [])
             self.phases.start("engine", pid=process.pid)
         loaded = self._expect(parent, process, Msg.LOADED)
         if first:
@@ -155,8 +123,10 @@ class Workers:
             except Exception as exc:
                 if self._stopping.is_set():
                     return
-                reason = (f"engine restarted {len(self.restarts)} times within "
-                          f"{self.settings.restart_window:.0f} s; last error: {exc}")
+                reason = (
+                    f"engine restarted {len(self.restarts)} times within "
+                    f"{self.settings.restart_window:.0f} s; last error: {exc}"
+                )
                 self.client.fail_all("the engine could not be restarted")
                 self.phases.fail("engine", reason)
                 self.on_fatal(reason)
@@ -189,9 +159,4 @@ class Workers:
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join(STOP_GRACE_S)
-        if not self.fallback_reason:
-            from multiprocessing import forkserver
-
-            stop_server = getattr(forkserver._forkserver, "_stop", None)
-            if stop_server is not None:
-                stop_server()
+        forkserver.stop(self.method)

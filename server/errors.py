@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-import structlog
 
 log = structlog.get_logger("warmpool.errors")
 

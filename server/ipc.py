@@ -7,6 +7,7 @@ thread, so the event loop only registers futures and receives finished requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import queue
 import threading
@@ -150,10 +151,9 @@ class EngineClient:
     def _send_loop(self) -> None:
         while (job := self._outbox.get()) is not None:
             conn, message = job
-            try:
+            # A broken pipe is the reader's to notice: it runs the engine-lost path.
+            with contextlib.suppress(OSError, ValueError):
                 conn.send(message)
-            except (OSError, ValueError):
-                pass  # the reader sees the broken pipe and runs the engine-lost path
 
     def _read_loop(self, conn: Connection) -> None:
         while True:

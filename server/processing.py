@@ -63,7 +63,8 @@ def tokenize_inputs(
         raise bad_request(f"'{field}' must not be empty", field)
     if len(texts) > max_inputs:
         raise bad_request(
-            f"'{field}' has {len(texts)} inputs, more than the limit of {max_inputs} per request", field
+            f"'{field}' has {len(texts)} inputs, more than the limit of {max_inputs} per request",
+            field,
         )
     if isinstance(texts[0], str):
         if limit is None:
@@ -122,7 +123,8 @@ def embeddings(vectors: np.ndarray, info: ModelInfo, dimensions: int | None, nor
     if dimensions is not None:
         if dimensions > vectors.shape[1]:
             raise bad_request(
-                f"dimensions={dimensions} is larger than the model's {vectors.shape[1]}", "dimensions"
+                f"dimensions={dimensions} is larger than the model's {vectors.shape[1]}",
+                "dimensions",
             )
         vectors = vectors[:, :dimensions]
         norm = True

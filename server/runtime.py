@@ -70,7 +70,10 @@ class Runtime:
             "failed": f"startup failed in phase '{phase}'",
         }.get(status, f"server is starting (phase '{phase}')")
         return APIError(
-            503, text, code="not_ready", headers={"Retry-After": "1"},
+            503,
+            text,
+            code="not_ready",
+            headers={"Retry-After": "1"},
             extra={"status": status, "phase": phase},
         )
 

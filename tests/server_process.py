@@ -50,8 +50,11 @@ class ServerProcess:
         self._log = open(log_path, "wb")  # noqa: SIM115  (closed in stop())
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator"], cwd=ROOT, env=env,
-            stdout=self._log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "orchestrator"],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         self.client = httpx.Client(base_url=self.url, timeout=30)
 

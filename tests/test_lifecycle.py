@@ -72,8 +72,14 @@ def test_kill_engine_under_load_recovers(model_dir: Path, log_path: Path) -> Non
             futures = [pool.submit(client) for _ in range(8)]
             wait_for(lambda: len(statuses) >= 16, 60, "load to build up")
             os.kill(old_pid, signal.SIGKILL)
-            wait_for(lambda: server.get("/health/ready").status_code == 503 or
-                     server.phase("engine")["detail"]["pid"] != old_pid, 10, "readiness to drop")
+            wait_for(
+                lambda: (
+                    server.get("/health/ready").status_code == 503
+                    or server.phase("engine")["detail"]["pid"] != old_pid
+                ),
+                10,
+                "readiness to drop",
+            )
             wait_for(lambda: server.get("/health/ready").status_code == 200, 30, "readiness again")
             served_after = len(statuses)
             wait_for(lambda: len(statuses) >= served_after + 16, 60, "requests on the new engine")
@@ -127,8 +133,11 @@ def test_broken_model_fails_its_phase_and_exits_nonzero(
         (folder / "config.json").write_text("{ not json")
     server = ServerProcess(folder, log_path, fail_linger=2)
     try:
-        body = wait_for(lambda: (r := server.get("/health/startup")).json()["status"] == "failed"
-                        and r.json(), 60, "the failed phase")
+        body = wait_for(
+            lambda: (r := server.get("/health/startup")).json()["status"] == "failed" and r.json(),
+            60,
+            "the failed phase",
+        )
         failed = [p for p in body["phases"] if p["state"] == "failed"]
         assert [p["name"] for p in failed] == ["engine"]
         error = failed[0]["detail"]["error"]

@@ -30,8 +30,16 @@ def run(conn: Connection, spec: EngineSpec) -> None:
     try:
         model = PoolingModel(load_model_info(spec.model_path), spec.threads)
         loaded = time.monotonic()
-        conn.send((Msg.LOADED, {"pid": os.getpid(), "load_s": round(loaded - started, 3),
-                                "preloaded": IMPORTED_BY_PID != os.getpid()}))
+        conn.send(
+            (
+                Msg.LOADED,
+                {
+                    "pid": os.getpid(),
+                    "load_s": round(loaded - started, 3),
+                    "preloaded": os.getpid() != IMPORTED_BY_PID,
+                },
+            )
+        )
         model.warm_up()
         conn.send((Msg.READY, {"warmup_s": round(time.monotonic() - loaded, 3)}))
     except ModelError as exc:
@@ -81,12 +89,17 @@ def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item]) -> None
         except Exception as exc:  # a bad batch fails its requests, not the engine
             conn.send((Msg.ERROR, ([item.key for item in group], f"{type(exc).__name__}: {exc}")))
             continue
-        conn.send((Msg.RESULT, (
-            [item.key for item in group],
-            vectors,
-            {
-                "batch_size": len(group),
-                "batch_tokens": max(len(i.input_ids) for i in group) * len(group),
-                "inference_ms": (time.perf_counter() - t0) * 1000,
-            },
-        )))
+        conn.send(
+            (
+                Msg.RESULT,
+                (
+                    [item.key for item in group],
+                    vectors,
+                    {
+                        "batch_size": len(group),
+                        "batch_tokens": max(len(i.input_ids) for i in group) * len(group),
+                        "inference_ms": (time.perf_counter() - t0) * 1000,
+                    },
+                ),
+            )
+        )

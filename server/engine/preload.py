@@ -6,10 +6,11 @@ On this machine `from_pretrained` of a 90 MB model spends most of its time in su
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import torch  # noqa: F401
-import transformers  # noqa: F401
+import transformers
 from transformers import AutoModel, AutoModelForSequenceClassification  # noqa: F401
 
 LAZY = [
@@ -25,7 +26,6 @@ LAZY = [
 transformers.utils.logging.disable_progress_bar()
 
 for name in LAZY:
-    try:
+    # A module missing in this transformers version only costs time later.
+    with contextlib.suppress(Exception):
         importlib.import_module(name)
-    except Exception:  # a module missing in this transformers version only costs time later
-        pass

@@ -29,8 +29,10 @@ class Prepared:
 def check_model(rt: Runtime, name: str | None) -> None:
     if name is not None and name != rt.settings.model_name:
         raise APIError(
-            404, f"model '{name}' does not exist; this server serves '{rt.settings.model_name}'",
-            param="model", code="model_not_found",
+            404,
+            f"model '{name}' does not exist; this server serves '{rt.settings.model_name}'",
+            param="model",
+            code="model_not_found",
         )
 
 
@@ -41,10 +43,15 @@ def prepare(raw: bytes, rt: Runtime, info: ModelInfo, tokenizers: TokenizerPool)
     processing.require_kind(info, "/v1/embeddings", "embedding")
     if body.dimensions is not None and body.dimensions > info.dimensions:
         raise processing.bad_request(
-            f"dimensions={body.dimensions} is larger than the model's {info.dimensions}", "dimensions"
+            f"dimensions={body.dimensions} is larger than the model's {info.dimensions}",
+            "dimensions",
         )
     tokens = processing.tokenize_inputs(
-        body.input, info, tokenizers, body.truncate_prompt_tokens, rt.settings.max_inputs_per_request
+        body.input,
+        info,
+        tokenizers,
+        body.truncate_prompt_tokens,
+        rt.settings.max_inputs_per_request,
     )
     return Prepared(body, tokens, (time.perf_counter() - started) * 1000)
 
@@ -53,16 +60,21 @@ def render(prep: Prepared, outcome: Outcome, info: ModelInfo, model_name: str) -
     body = prep.body
     vectors = processing.embeddings(outcome.vectors, info, body.dimensions, info.normalize)
     n_tokens = sum(len(t.input_ids) for t in prep.tokens)
-    return processing.to_json({
-        "object": "list",
-        "data": [
-            {"object": "embedding", "index": i,
-             "embedding": processing.encode_vector(v, body.encoding_format)}
-            for i, v in enumerate(vectors)
-        ],
-        "model": model_name,
-        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-    })
+    return processing.to_json(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": processing.encode_vector(v, body.encoding_format),
+                }
+                for i, v in enumerate(vectors)
+            ],
+            "model": model_name,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        }
+    )
 
 
 @router.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingRequest))

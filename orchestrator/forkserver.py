@@ -1,0 +1,67 @@
+"""Start the forkserver at t≈0 so its preload (torch, transformers, the engine) overlaps the rest.
+
+Started in the background, never on the critical path: upstream a synchronous start made
+start-up slower (+6.8 s), a background one saved 7.6 s (vLLM #40331).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import dataclass
+from multiprocessing.context import BaseContext
+
+import structlog
+
+from orchestrator.phases import Phases
+
+# server.engine.main imports torch, transformers and the model-load path (server.engine.preload).
+PRELOAD = ["server.engine.main"]
+
+log = structlog.get_logger("warmpool.forkserver")
+
+
+@dataclass
+class StartMethod:
+    ctx: BaseContext
+    fallback_reason: str | None = None
+
+    @property
+    def name(self) -> str:
+        return "spawn" if self.fallback_reason else "forkserver"
+
+
+def start(method: str, phases: Phases) -> StartMethod:
+    """Launch the forkserver now (returns at once); fall back to spawn and say why."""
+    chosen = _choose(method)
+    if chosen.fallback_reason is None:
+        try:
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+        except Exception as exc:
+            chosen = StartMethod(multiprocessing.get_context("spawn"), f"forkserver failed: {exc}")
+    phases.start("forkserver", method=chosen.name)
+    if chosen.fallback_reason:
+        log.warning("forkserver_unavailable", reason=chosen.fallback_reason)
+        phases.update("forkserver", fallback_reason=chosen.fallback_reason)
+    return chosen
+
+
+def _choose(method: str) -> StartMethod:
+    if method == "spawn":
+        return StartMethod(multiprocessing.get_context("spawn"), "spawn requested (WARMPOOL_START_METHOD)")
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return StartMethod(multiprocessing.get_context("spawn"), "forkserver is not available here")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return StartMethod(ctx)
+
+
+def stop(method: StartMethod) -> None:
+    """Stop the forkserver once no engine holds it (the stdlib has no public call for this)."""
+    if method.fallback_reason is None:
+        from multiprocessing import forkserver
+
+        stop_server = getattr(forkserver._forkserver, "_stop", None)
+        if stop_server is not None:
+            stop_server()
