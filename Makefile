@@ -37,7 +37,7 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 bench: $(STAMP) $(MODEL_DIR)/config.json
-	$(PY) bench/load.py
+	$(PY) -m bench.load
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

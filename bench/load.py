@@ -1,7 +1,8 @@
 """Throughput and latency at 1, 8 and 32 clients against the raw model, with a liveness prober.
 
-Prints ratios against sentence-transformers `encode` measured in the same run; never asserts.
-Usage: .venv/bin/python bench/load.py [--seconds 15] [--clients 1,8,32]
+Prints ratios against sentence-transformers `encode` (batch 32, same thread count) measured in
+the same run, before and after the server runs; never asserts.
+Usage: .venv/bin/python -m bench.load [--seconds 15] [--clients 1,8,32]
 """
 
 from __future__ import annotations
@@ -11,32 +12,12 @@ import asyncio
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.server_process import ROOT, ServerProcess  # noqa: E402
-
-MODEL = ROOT / "models" / "all-MiniLM-L6-v2"
-WORDS = (
-    "the model server answers quickly while batching many small requests into one pass over "
-    "weights kept warm in memory so that every client sees low latency and high throughput even "
-    "when traffic arrives in bursts from many machines at once across the network"
-).split()
-
-
-def sentences(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choices(WORDS, k=rng.randint(4, 64))) for _ in range(n)]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+from bench.common import MODEL, Connection, Prober, pct, sentences
+from tests.server_process import ServerProcess
 
 
 def raw_model(texts: list[str], threads: int) -> tuple[float, float]:
@@ -58,40 +39,29 @@ def raw_model(texts: list[str], threads: int) -> tuple[float, float]:
     return throughput, statistics.median(singles)
 
 
-async def probe(url: str, stop: asyncio.Event, out: list[float]) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            await http.get("/health/live")
-            out.append((time.perf_counter() - t0) * 1000)
-            await asyncio.sleep(0.02)
-
-
-async def load(url: str, clients: int, seconds: float, texts: list[str]) -> dict[str, float]:
+async def load(port: int, clients: int, seconds: float, texts: list[str]) -> dict[str, float]:
     latencies: list[float] = []
-    probes: list[float] = []
-    stop = asyncio.Event()
     errors = 0
+    deadline = time.perf_counter() + seconds
 
     async def client(seed: int) -> None:
         nonlocal errors
         rng = random.Random(seed)
-        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                r = await http.post("/v1/embeddings", json={"input": rng.choice(texts)})
-                if r.status_code == 200:
-                    latencies.append((time.perf_counter() - t0) * 1000)
-                else:
-                    errors += 1
+        conn = Connection(port)
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            status, _, _ = await conn.post("/v1/embeddings", {"input": rng.choice(texts)})
+            if status == 200:
+                latencies.append((time.perf_counter() - t0) * 1000)
+            else:
+                errors += 1
+        conn.close()
 
-    prober = asyncio.create_task(probe(url, stop, probes))
-    tasks = [asyncio.create_task(client(i)) for i in range(clients)]
+    prober = Prober(port)
     started = time.perf_counter()
-    await asyncio.sleep(seconds)
-    stop.set()
-    await asyncio.gather(*tasks, prober)
+    await asyncio.gather(*(client(i) for i in range(clients)))
     elapsed = time.perf_counter() - started
+    probes = prober.stop()
     return {
         "inputs_s": len(latencies) / elapsed,
         "p50": pct(latencies, 0.5),
@@ -110,23 +80,31 @@ def main() -> None:
     args = parser.parse_args()
     texts = sentences(2000)
     threads = os.cpu_count() or 1
-    raw_tput, raw_single = raw_model(texts[:640], threads)
-    print(f"raw model: {raw_tput:.1f} sentences/s at batch 32, single sentence p50 {raw_single:.1f} ms")
+    before = raw_model(texts[:640], threads)
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(MODEL, Path(tmp) / "server.log", log_level="warning").wait_ready()
         try:
-            print("clients  inputs/s  x_raw  p50_ms  p99_ms  probe_p50  probe_p99  probe_max  errors")
             for clients in (int(c) for c in args.clients.split(",")):
-                r = asyncio.run(load(server.url, clients, args.seconds, texts))
-                print(
-                    f"{clients:7d}  {r['inputs_s']:8.1f}  {r['inputs_s'] / raw_tput:5.2f}  {r['p50']:6.1f}  "
-                    f"{r['p99']:6.1f}  {r['probe_p50']:9.1f}  {r['probe_p99']:9.1f}  "
-                    f"{r['probe_max']:9.1f}  {r['errors']:6d}"
-                )
-                if clients == 1:
-                    print(f"         single-client p50 - raw single = {r['p50'] - raw_single:+.1f} ms")
+                rows.append((clients, asyncio.run(load(server.port, clients, args.seconds, texts))))
         finally:
             server.stop()
+    after = raw_model(texts[:640], threads)
+    raw_tput = (before[0] + after[0]) / 2
+    raw_single = (before[1] + after[1]) / 2
+    print(
+        f"raw model ({threads} threads): {before[0]:.1f} / {after[0]:.1f} sentences/s at batch 32 "
+        f"(before/after), single sentence p50 {raw_single:.1f} ms"
+    )
+    print("clients  inputs/s  x_raw  p50_ms  p99_ms  probe_p50  probe_p99  probe_max  errors")
+    for clients, r in rows:
+        print(
+            f"{clients:7d}  {r['inputs_s']:8.1f}  {r['inputs_s'] / raw_tput:5.2f}  {r['p50']:6.1f}  "
+            f"{r['p99']:6.1f}  {r['probe_p50']:9.2f}  {r['probe_p99']:9.2f}  {r['probe_max']:9.2f}  "
+            f"{r['errors']:6.0f}"
+        )
+        if clients == 1:
+            print(f"         1-client p50 - raw single-sentence p50 = {r['p50'] - raw_single:+.1f} ms")
 
 
 if __name__ == "__main__":

@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
-import json
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
+import orjson
 from pydantic import BaseModel, ValidationError
 
 from server.errors import APIError, bad_request, from_validation
@@ -131,14 +131,16 @@ def embeddings(vectors: np.ndarray, info: ModelInfo, dimensions: int | None, nor
     return normalize(vectors) if norm else vectors.astype(np.float32)
 
 
-def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+def encode_vector(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
+    """base64 of little-endian float32 (what the openai client decodes), or the array for to_json."""
     if encoding_format == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.tolist()  # type: ignore[no-any-return]
+    return vector
 
 
 def to_json(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    """orjson writes float32 arrays in their shortest round-trip form, ~10x faster than json."""
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def require_kind(info: ModelInfo, route: str, *kinds: str) -> None:

@@ -56,3 +56,63 @@ def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
             "content": {"application/json": {"schema": model.model_json_schema()}},
         }
     }
+
+
+class PoolingRequest(EmbeddingRequest):
+    """vLLM's /pooling: the embeddings body; answers the engine's raw output."""
+
+
+class ClassifyRequest(Body):
+    input: TextOrTokens
+    model: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input_shape(cls, value: Any) -> Any:
+        return check_input_shape(value)
+
+
+class ScoreRequest(Body):
+    text_1: StrictStr | list[StrictStr]
+    text_2: StrictStr | list[StrictStr]
+    model: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+
+
+class RerankRequest(Body):
+    """Jina/Cohere shape; TEI's `texts` is accepted for `documents`."""
+
+    query: StrictStr
+    documents: list[StrictStr] | None = None
+    texts: list[StrictStr] | None = None
+    top_n: int | None = None
+    return_documents: bool = True
+    model: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+
+
+class TokenizeRequest(Body):
+    prompt: StrictStr
+    add_special_tokens: bool = True
+    model: str | None = None
+
+
+class DetokenizeRequest(Body):
+    tokens: list[StrictInt]
+    model: str | None = None
+
+
+class TEIEmbedRequest(Body):
+    inputs: StrictStr | list[StrictStr]
+    normalize: bool = True
+    truncate: bool = False
+    dimensions: int | None = Field(None, ge=1)
+
+
+class TEIPredictRequest(Body):
+    """A text, a list of texts, or a list of [text, text] pairs (cross-encoders)."""
+
+    inputs: StrictStr | list[StrictStr] | list[list[StrictStr]]
+    truncate: bool = False
+    raw_scores: bool = False

@@ -48,7 +48,10 @@ class TokenizerPool:
             tok.no_truncation()
 
     def encode_batch(self, texts: list[str]) -> list[Tokens]:
-        return [_tokens(e) for e in self.get().encode_batch_fast(texts, add_special_tokens=True)]
+        tok = self.get()
+        if len(texts) == 1:  # the batch call's thread-pool hand-off costs more than one encode
+            return [_tokens(tok.encode(texts[0], add_special_tokens=True))]
+        return [_tokens(e) for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
 
     def encode_pairs(self, pairs: list[tuple[str, str]]) -> list[Tokens]:
         return [_tokens(e) for e in self.get().encode_batch_fast(pairs, add_special_tokens=True)]

@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-# A sub-batch closes when padding would exceed this share of its real tokens. Forward calls on
-# CPU cost little beyond their tokens, so short sorted sub-batches beat one padded batch.
-MAX_PADDING_SHARE = 0.25
-MIN_SUB_BATCH = 4
+# What one forward call costs beyond its tokens, in tokens; the engine measures it at warm-up.
+DEFAULT_CALL_OVERHEAD_TOKENS = 16.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,20 +32,29 @@ def take_batch(pending: deque[Item], max_tokens: int, max_size: int) -> list[Ite
     return batch
 
 
-def split_by_length(batch: list[Item]) -> list[list[Item]]:
-    """Sorted sub-batches whose padding stays under MAX_PADDING_SHARE of their real tokens."""
+def split_by_length(
+    batch: list[Item], call_overhead: float = DEFAULT_CALL_OVERHEAD_TOKENS
+) -> list[list[Item]]:
+    """Sort by length, then cut into the sub-batches that cost least to run.
+
+    A forward pass costs about `call_overhead + longest x count` tokens, so one padded batch wastes
+    work on padding and many tiny ones waste it on per-call overhead; the optimal contiguous
+    partition of the sorted lengths is a small O(n^2) dynamic programme.
+    """
     ordered = sorted(batch, key=lambda item: len(item.input_ids))
+    n = len(ordered)
+    lengths = [len(item.input_ids) for item in ordered]
+    best = [0.0] + [float("inf")] * n  # best[j]: cost of the first j items
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = lengths[j - 1]  # sorted: the last item of a group is its longest
+        for i in range(j):
+            cost = best[i] + call_overhead + longest * (j - i)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
     groups: list[list[Item]] = []
-    current: list[Item] = []
-    real = 0
-    for item in ordered:
-        length = len(item.input_ids)
-        padded = length * (len(current) + 1)
-        if len(current) >= MIN_SUB_BATCH and padded - (real + length) > MAX_PADDING_SHARE * (real + length):
-            groups.append(current)
-            current, real = [], 0
-        current.append(item)
-        real += length
-    if current:
-        groups.append(current)
-    return groups
+    j = n
+    while j > 0:
+        groups.append(ordered[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]

@@ -40,18 +40,23 @@ def run(conn: Connection, spec: EngineSpec) -> None:
                 },
             )
         )
-        model.warm_up()
-        conn.send((Msg.READY, {"warmup_s": round(time.monotonic() - loaded, 3)}))
+        overhead = model.warm_up()
+        conn.send(
+            (
+                Msg.READY,
+                {"warmup_s": round(time.monotonic() - loaded, 3), "call_overhead_tokens": round(overhead, 1)},
+            )
+        )
     except ModelError as exc:
         conn.send((Msg.FAILED, str(exc)))
         return
     except Exception as exc:
         conn.send((Msg.FAILED, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
         return
-    serve(conn, model, spec)
+    serve(conn, model, spec, overhead)
 
 
-def serve(conn: Connection, model: PoolingModel, spec: EngineSpec) -> None:
+def serve(conn: Connection, model: PoolingModel, spec: EngineSpec, overhead: float) -> None:
     pending: deque[Item] = deque()
     while True:
         try:
@@ -64,7 +69,7 @@ def serve(conn: Connection, model: PoolingModel, spec: EngineSpec) -> None:
             return  # the HTTP process is gone: nothing left to serve
         batch = take_batch(pending, spec.max_batch_tokens, spec.max_batch_size)
         if batch:
-            _run_batch(conn, model, batch)
+            _run_batch(conn, model, batch, overhead)
 
 
 def _handle(message: tuple[str, Any], pending: deque[Item]) -> bool:
@@ -81,8 +86,8 @@ def _handle(message: tuple[str, Any], pending: deque[Item]) -> bool:
     return True
 
 
-def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item]) -> None:
-    for group in split_by_length(batch):
+def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item], overhead: float) -> None:
+    for group in split_by_length(batch, overhead):
         t0 = time.perf_counter()
         try:
             vectors = model.forward(group)

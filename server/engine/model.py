@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from transformers import AutoModel, AutoModelForSequenceClassification
@@ -43,11 +45,24 @@ class PoolingModel:
             return out.logits.float().numpy()
         return pool(out.last_hidden_state, mask, self.info.pooling).float().numpy()
 
-    def warm_up(self) -> None:
-        """First-call costs (allocator, kernels, lazy imports) paid before readiness flips."""
-        length = self.info.max_model_len
-        self.forward([Item(0, [self.pad_id + 1] * length)])
-        self.forward([Item(i, [self.pad_id + 1] * 8) for i in range(4)])
+    def warm_up(self) -> float:
+        """Pay first-call costs before readiness flips; return the per-call overhead in tokens.
+
+        The overhead (fixed cost of one forward, in units of one token's cost) is what the
+        batcher weighs against padding when it splits a batch.
+        """
+        token = self.pad_id + 1
+        self.forward([Item(0, [token] * self.info.max_model_len)])
+        small, large = (1, 8), (16, 32)
+        timings = []
+        for rows, length in (small, large, small, large):
+            started = time.perf_counter()
+            self.forward([Item(i, [token] * length) for i in range(rows)])
+            timings.append(time.perf_counter() - started)
+        t_small, t_large = min(timings[0::2]), min(timings[1::2])
+        per_token = max((t_large - t_small) / (large[0] * large[1] - small[0] * small[1]), 1e-9)
+        overhead = (t_small - small[0] * small[1] * per_token) / per_token
+        return min(max(overhead, 1.0), 512.0)
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: PoolingMode) -> torch.Tensor:

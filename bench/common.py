@@ -1,0 +1,135 @@
+"""Load-generation pieces the benchmarks share: cheap keep-alive clients and an out-of-process prober.
+
+The load generator shares 2 cores with the server, so it must cost little: a raw asyncio
+HTTP/1.1 client (~0.1 ms of CPU a request) instead of a full client library. Probes run in
+their own process so their latency is the server's, not the load generator's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import multiprocessing
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "models" / "all-MiniLM-L6-v2"
+
+WORDS = [
+    "the",
+    "model",
+    "server",
+    "answers",
+    "quickly",
+    "while",
+    "batching",
+    "many",
+    "small",
+    "requests",
+    "into",
+    "one",
+    "pass",
+    "over",
+    "weights",
+    "kept",
+    "warm",
+    "in",
+    "memory",
+    "so",
+    "that",
+    "every",
+    "client",
+    "sees",
+    "low",
+    "latency",
+    "and",
+    "high",
+    "throughput",
+    "even",
+    "when",
+    "traffic",
+    "arrives",
+    "in",
+    "bursts",
+    "from",
+    "many",
+    "machines",
+    "at",
+    "once",
+    "across",
+    "the",
+    "network",
+]
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    """Sentences of 4-64 words."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.randint(4, 64))) for _ in range(n)]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection on asyncio streams."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: Any) -> tuple[int, dict[str, str], bytes]:
+        if self.writer is None or self.writer.is_closing():
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        payload = json.dumps(body).encode()
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        status = int(head[0].split(" ")[1])
+        headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:] if h)}
+        data = await self.reader.readexactly(int(headers.get("content-length", 0)))
+        if headers.get("connection") == "close":
+            self.writer.close()
+        return status, headers, data
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _probe(port: int, path: str, interval: float, conn: Any) -> None:
+    latencies: list[float] = []
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    while not conn.poll(interval):
+        started = time.perf_counter()
+        client.request("GET", path)
+        client.getresponse().read()
+        latencies.append((time.perf_counter() - started) * 1000)
+    conn.send(latencies)
+
+
+class Prober:
+    """GET `path` every `interval` seconds from another process; stop() returns latencies in ms."""
+
+    def __init__(self, port: int, path: str = "/health/live", interval: float = 0.02) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_probe, args=(port, path, interval, child), daemon=True)
+        self._proc.start()
+
+    def stop(self) -> list[float]:
+        self._conn.send("stop")
+        latencies: list[float] = self._conn.recv()
+        self._proc.join()
+        return latencies
