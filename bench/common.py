@@ -19,51 +19,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "all-MiniLM-L6-v2"
 
-WORDS = [
-    "the",
-    "model",
-    "server",
-    "answers",
-    "quickly",
-    "while",
-    "batching",
-    "many",
-    "small",
-    "requests",
-    "into",
-    "one",
-    "pass",
-    "over",
-    "weights",
-    "kept",
-    "warm",
-    "in",
-    "memory",
-    "so",
-    "that",
-    "every",
-    "client",
-    "sees",
-    "low",
-    "latency",
-    "and",
-    "high",
-    "throughput",
-    "even",
-    "when",
-    "traffic",
-    "arrives",
-    "in",
-    "bursts",
-    "from",
-    "many",
-    "machines",
-    "at",
-    "once",
-    "across",
-    "the",
-    "network",
-]
+_TEXT = (
+    "the model server answers quickly while batching many small requests into one pass over "
+    "weights kept warm in memory so that every client sees low latency and high throughput even "
+    "when traffic arrives in bursts from many machines at once across the network"
+)
+WORDS = _TEXT.split(" ")
 
 
 def sentences(n: int, seed: int = 0) -> list[str]:
