@@ -5,10 +5,11 @@ from __future__ import annotations
 from importlib import metadata
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from server import errors
-from server.middleware import RequestTracking
-from server.routes import embeddings, health, models
+from server.middleware import ApiKeyGuard, RequestTracking
+from server.routes import classify, embeddings, health, models, score, tokenize
 from server.runtime import Runtime
 
 
@@ -20,11 +21,14 @@ def create_app(rt: Runtime) -> FastAPI:
     )
     app.state.runtime = rt
     errors.install(app)
-    for module in (health, models, embeddings):
+    for module in (health, models, embeddings, classify, score, tokenize):
         app.include_router(module.router)
     return app
 
 
-def with_middleware(app: FastAPI) -> RequestTracking:
-    """The ASGI app uvicorn serves."""
-    return RequestTracking(app, app.state.runtime)
+def with_middleware(app: FastAPI) -> ASGIApp:
+    """The ASGI app uvicorn serves: request tracking outermost, then the optional API key."""
+    rt: Runtime = app.state.runtime
+    key = rt.settings.resolved_api_key()
+    inner: ASGIApp = ApiKeyGuard(app, key) if key else app
+    return RequestTracking(inner, rt)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
 import uuid
 
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.errors import APIError, error_response
 from server.runtime import Runtime
 
 
@@ -42,6 +44,33 @@ class RequestTracking:
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
         if key == name:
-            text: str = value.decode("latin-1")[:128]
+            text: str = value.decode("latin-1")[:512]
             return text
     return None
+
+
+OPEN_PATHS = ("/health", "/version", "/metrics")
+
+
+class ApiKeyGuard:
+    """Bearer-token check on every route but probes, version and metrics; constant-time compare."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self._open(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        given = (_header(scope, b"authorization") or "").encode("latin-1")
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        response = error_response(APIError(401, "missing or invalid API key", code="invalid_api_key"))
+        response.headers["www-authenticate"] = "Bearer"
+        await response(scope, receive, send)
+
+    @staticmethod
+    def _open(path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in OPEN_PATHS)

@@ -52,7 +52,7 @@ def tokenize_inputs(
     field: str = "input",
 ) -> list[Tokens]:
     """Text or token ids -> checked token lists, one per input."""
-    limit = _truncation(truncate, info)
+    limit = truncation_limit(truncate, info)
     if isinstance(value, str):
         texts: list[Any] = [value]
     elif value and isinstance(value[0], int):
@@ -79,7 +79,7 @@ def tokenize_inputs(
     return tokens
 
 
-def _truncation(truncate: int | None, info: ModelInfo) -> int | None:
+def truncation_limit(truncate: int | None, info: ModelInfo) -> int | None:
     if truncate is None:
         return None
     if truncate == -1:
@@ -118,7 +118,7 @@ def normalize(vectors: np.ndarray) -> np.ndarray:
     return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
-def embeddings(vectors: np.ndarray, info: ModelInfo, dimensions: int | None, norm: bool) -> np.ndarray:
+def embeddings(vectors: np.ndarray, dimensions: int | None, norm: bool) -> np.ndarray:
     """Pooled vectors as the model's modules define them, truncated to `dimensions` (Matryoshka)."""
     if dimensions is not None:
         if dimensions > vectors.shape[1]:

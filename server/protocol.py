@@ -58,8 +58,18 @@ def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-class PoolingRequest(EmbeddingRequest):
-    """vLLM's /pooling: the embeddings body; answers the engine's raw output."""
+class PoolingRequest(Body):
+    """vLLM's /pooling: answers the engine's raw output."""
+
+    input: TextOrTokens
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input_shape(cls, value: Any) -> Any:
+        return check_input_shape(value)
 
 
 class ClassifyRequest(Body):

@@ -36,3 +36,50 @@ def st_model(model_dir: Path):  # type: ignore[no-untyped-def]
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(model_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def classifier_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tiny_models import build_classifier
+
+    return build_classifier(
+        tmp_path_factory.mktemp("classifier"), model_dir, ["negative", "neutral", "positive"]
+    )
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tiny_models import build_classifier
+
+    return build_classifier(tmp_path_factory.mktemp("cross-encoder"), model_dir, ["relevance"])
+
+
+@pytest.fixture(scope="session")
+def classifier_server(
+    classifier_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    proc = ServerProcess(classifier_dir, tmp_path_factory.mktemp("logs") / "classifier.log")
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+API_KEY = "s3cret-test-key"
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_server(
+    cross_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """Also the API-key server: the key comes from a file, as from a mounted secret."""
+    secrets = tmp_path_factory.mktemp("secrets")
+    (secrets / "api-key").write_text(API_KEY + "\n")
+    proc = ServerProcess(
+        cross_encoder_dir, tmp_path_factory.mktemp("logs") / "cross.log", api_key_file=secrets / "api-key"
+    )
+    proc.client.headers["authorization"] = f"Bearer {API_KEY}"
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()

@@ -1,88 +1,95 @@
-"""POST /v1/embeddings, OpenAI's shape."""
+"""POST /v1/embeddings (OpenAI), POST /pooling (vLLM) and POST /embed (TEI)."""
 
 from __future__ import annotations
-
-import time
-from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from server import processing
-from server.errors import APIError
 from server.ipc import Outcome
-from server.modelinfo import ModelInfo
-from server.protocol import EmbeddingRequest, openapi_body
-from server.runtime import Runtime, Timings, json_response, runtime
-from server.tokenizer import TokenizerPool, Tokens
+from server.protocol import EmbeddingRequest, PoolingRequest, TEIEmbedRequest, openapi_body
+from server.routes.pipeline import Context, Prepared, envelope, serve
 
 router = APIRouter(tags=["embeddings"])
 
 
-@dataclass
-class Prepared:
-    body: EmbeddingRequest
-    tokens: list[Tokens]
-    tokenization_ms: float
-
-
-def check_model(rt: Runtime, name: str | None) -> None:
-    if name is not None and name != rt.settings.model_name:
-        raise APIError(
-            404,
-            f"model '{name}' does not exist; this server serves '{rt.settings.model_name}'",
-            param="model",
-            code="model_not_found",
-        )
-
-
-def prepare(raw: bytes, rt: Runtime, info: ModelInfo, tokenizers: TokenizerPool) -> Prepared:
-    started = time.perf_counter()
-    body = processing.parse(EmbeddingRequest, raw)
-    check_model(rt, body.model)
-    processing.require_kind(info, "/v1/embeddings", "embedding")
-    if body.dimensions is not None and body.dimensions > info.dimensions:
+def check_dimensions(dimensions: int | None, ctx: Context) -> None:
+    if dimensions is not None and dimensions > ctx.info.dimensions:
         raise processing.bad_request(
-            f"dimensions={body.dimensions} is larger than the model's {info.dimensions}",
-            "dimensions",
+            f"dimensions={dimensions} is larger than the model's {ctx.info.dimensions}", "dimensions"
         )
+
+
+def prepare_embeddings(raw: bytes, ctx: Context) -> Prepared[EmbeddingRequest]:
+    body = processing.parse(EmbeddingRequest, raw)
+    ctx.check_model(body.model)
+    ctx.require("/v1/embeddings", "embedding")
+    check_dimensions(body.dimensions, ctx)
     tokens = processing.tokenize_inputs(
-        body.input,
-        info,
-        tokenizers,
-        body.truncate_prompt_tokens,
-        rt.settings.max_inputs_per_request,
+        body.input, ctx.info, ctx.tokenizers, body.truncate_prompt_tokens, ctx.settings.max_inputs_per_request
     )
-    return Prepared(body, tokens, (time.perf_counter() - started) * 1000)
+    return Prepared(body, tokens)
 
 
-def render(prep: Prepared, outcome: Outcome, info: ModelInfo, model_name: str) -> bytes:
+def render_embeddings(prep: Prepared[EmbeddingRequest], outcome: Outcome, ctx: Context) -> bytes:
     body = prep.body
-    vectors = processing.embeddings(outcome.vectors, info, body.dimensions, info.normalize)
-    n_tokens = sum(len(t.input_ids) for t in prep.tokens)
+    vectors = processing.embeddings(outcome.vectors, body.dimensions, ctx.info.normalize)
+    data = [
+        {"object": "embedding", "index": i, "embedding": processing.encode_vector(v, body.encoding_format)}
+        for i, v in enumerate(vectors)
+    ]
     return processing.to_json(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "object": "embedding",
-                    "index": i,
-                    "embedding": processing.encode_vector(v, body.encoding_format),
-                }
-                for i, v in enumerate(vectors)
-            ],
-            "model": model_name,
-            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-        }
+        {"object": "list", "data": data, "model": ctx.model_name, "usage": prep.usage()}
+    )
+
+
+def prepare_pooling(raw: bytes, ctx: Context) -> Prepared[PoolingRequest]:
+    body = processing.parse(PoolingRequest, raw)
+    ctx.check_model(body.model)
+    tokens = processing.tokenize_inputs(
+        body.input, ctx.info, ctx.tokenizers, body.truncate_prompt_tokens, ctx.settings.max_inputs_per_request
+    )
+    return Prepared(body, tokens)
+
+
+def render_pooling(prep: Prepared[PoolingRequest], outcome: Outcome, ctx: Context) -> bytes:
+    """The engine's output as is: pooled hidden states (before Normalize) or classifier logits."""
+    fmt = prep.body.encoding_format
+    data = [
+        {"object": "pooling", "index": i, "data": processing.encode_vector(v, fmt)}
+        for i, v in enumerate(outcome.vectors.astype("float32"))
+    ]
+    return processing.to_json(envelope("pool", ctx, data=data, usage=prep.usage()))
+
+
+def prepare_tei_embed(raw: bytes, ctx: Context) -> Prepared[TEIEmbedRequest]:
+    body = processing.parse(TEIEmbedRequest, raw)
+    ctx.require("/embed", "embedding")
+    check_dimensions(body.dimensions, ctx)
+    truncate = -1 if body.truncate else None
+    tokens = processing.tokenize_inputs(
+        body.inputs, ctx.info, ctx.tokenizers, truncate, ctx.settings.max_inputs_per_request, "inputs"
+    )
+    return Prepared(body, tokens)
+
+
+def render_tei_embed(prep: Prepared[TEIEmbedRequest], outcome: Outcome, ctx: Context) -> bytes:
+    """TEI answers a bare list of vectors."""
+    return processing.to_json(
+        processing.embeddings(outcome.vectors, prep.body.dimensions, prep.body.normalize)
     )
 
 
 @router.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingRequest))
 async def create_embeddings(request: Request) -> Response:
-    rt = runtime(request)
-    timings = Timings()
-    info, tokenizers = rt.loaded()
-    prep = await rt.run(prepare, await request.body(), rt, info, tokenizers)
-    timings.tokenization_ms = prep.tokenization_ms
-    outcome = await rt.pool(prep.tokens, timings)
-    return json_response(await rt.run(render, prep, outcome, info, rt.settings.model_name), timings)
+    return await serve(request, prepare_embeddings, render_embeddings)
+
+
+@router.post("/pooling", openapi_extra=openapi_body(PoolingRequest))
+async def pooling(request: Request) -> Response:
+    return await serve(request, prepare_pooling, render_pooling)
+
+
+@router.post("/embed", openapi_extra=openapi_body(TEIEmbedRequest))
+async def tei_embed(request: Request) -> Response:
+    return await serve(request, prepare_tei_embed, render_tei_embed)

@@ -1,0 +1,136 @@
+"""POST /score (vLLM), POST /rerank and /v1/rerank (Jina/Cohere, TEI's `texts` too).
+
+Cross-encoders score each (query, document) pair in one forward pass; for embedding models the
+score is the cosine similarity of the two embeddings, as vLLM does for bi-encoders.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from server import processing
+from server.ipc import Outcome
+from server.protocol import RerankRequest, ScoreRequest, openapi_body
+from server.routes.classify import activate
+from server.routes.pipeline import Context, Prepared, envelope, serve
+from server.tokenizer import Tokens
+
+router = APIRouter(tags=["scoring"])
+SCORERS = ("cross-encoder", "embedding")
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """Which token lists hold each pair's sides (bi-encoder), or one list per pair (cross)."""
+
+    count: int
+    cross: bool
+    left: list[int]
+    right: list[int]
+
+
+def tokenize_pairs(
+    lefts: list[str], rights: list[str], ctx: Context, truncate: int | None
+) -> tuple[list[Tokens], Pairs]:
+    limit = processing.truncation_limit(truncate, ctx.info)
+    if len(lefts) > ctx.settings.max_inputs_per_request:
+        raise processing.bad_request(
+            f"{len(lefts)} pairs is more than the limit of {ctx.settings.max_inputs_per_request} per request"
+        )
+    if ctx.info.kind == "cross-encoder":
+        tokens = [ctx.tokenizers.encode(q, d, truncate=limit) for q, d in zip(lefts, rights, strict=True)]
+        index = list(range(len(tokens)))
+        pairs = Pairs(len(tokens), True, index, index)
+    else:
+        unique = list(dict.fromkeys(lefts + rights))
+        position = {text: i for i, text in enumerate(unique)}
+        tokens = [ctx.tokenizers.encode(text, truncate=limit) for text in unique]
+        pairs = Pairs(len(lefts), False, [position[t] for t in lefts], [position[t] for t in rights])
+    for i, tok in enumerate(tokens):
+        processing.check_length(len(tok.input_ids), ctx.info, f"pair {i}" if pairs.cross else f"text {i}")
+    return tokens, pairs
+
+
+def pair_scores(vectors: np.ndarray, pairs: Pairs) -> np.ndarray:
+    if pairs.cross:
+        return activate(vectors)[:, 0]
+    unit = processing.normalize(vectors).astype(np.float64)
+    return (unit[pairs.left] * unit[pairs.right]).sum(axis=1)
+
+
+def prepare_score(raw: bytes, ctx: Context) -> Prepared[ScoreRequest]:
+    body = processing.parse(ScoreRequest, raw)
+    ctx.check_model(body.model)
+    ctx.require("/score", *SCORERS)
+    lefts = [body.text_1] if isinstance(body.text_1, str) else body.text_1
+    rights = [body.text_2] if isinstance(body.text_2, str) else body.text_2
+    if not lefts or not rights:
+        raise processing.bad_request("text_1 and text_2 must not be empty", "text_2" if lefts else "text_1")
+    if len(lefts) == 1:
+        lefts = lefts * len(rights)
+    elif len(lefts) != len(rights):
+        raise processing.bad_request(
+            f"text_1 has {len(lefts)} texts and text_2 has {len(rights)}: give one text_1 "
+            "to score against every text_2, or as many text_1 as text_2 to score them pairwise",
+            "text_2",
+        )
+    tokens, pairs = tokenize_pairs(lefts, rights, ctx, body.truncate_prompt_tokens)
+    return Prepared(body, tokens, pairs)
+
+
+def render_score(prep: Prepared[ScoreRequest], outcome: Outcome, ctx: Context) -> bytes:
+    scores = pair_scores(outcome.vectors, prep.extra)
+    data = [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(scores)]
+    return processing.to_json(envelope("score", ctx, data=data, usage=prep.usage()))
+
+
+def prepare_rerank(raw: bytes, ctx: Context) -> Prepared[RerankRequest]:
+    body = processing.parse(RerankRequest, raw)
+    ctx.check_model(body.model)
+    ctx.require("/rerank", *SCORERS)
+    documents = body.documents if body.documents is not None else body.texts
+    if documents is None:
+        raise processing.bad_request("missing required field 'documents'", "documents")
+    if not documents:
+        raise processing.bad_request("'documents' must not be empty", "documents")
+    if body.top_n is not None and body.top_n <= 0:
+        raise processing.bad_request(f"top_n must be a positive integer, got {body.top_n}", "top_n")
+    tokens, pairs = tokenize_pairs([body.query] * len(documents), documents, ctx, body.truncate_prompt_tokens)
+    return Prepared(body, tokens, (pairs, documents))
+
+
+def render_rerank(prep: Prepared[RerankRequest], outcome: Outcome, ctx: Context) -> bytes:
+    pairs, documents = prep.extra
+    scores = pair_scores(outcome.vectors, pairs)
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[: prep.body.top_n or len(scores)]
+    results = []
+    for i in order:
+        result: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+        if prep.body.return_documents:
+            result["document"] = {"text": documents[i]}
+        results.append(result)
+    return processing.to_json(
+        {
+            "id": f"rerank-{uuid.uuid4().hex}",
+            "model": ctx.model_name,
+            "usage": {"total_tokens": prep.n_tokens},
+            "results": results,
+        }
+    )
+
+
+@router.post("/score", openapi_extra=openapi_body(ScoreRequest))
+async def score(request: Request) -> Response:
+    return await serve(request, prepare_score, render_score)
+
+
+@router.post("/rerank", openapi_extra=openapi_body(RerankRequest))
+@router.post("/v1/rerank", openapi_extra=openapi_body(RerankRequest))
+async def rerank(request: Request) -> Response:
+    return await serve(request, prepare_rerank, render_rerank)

@@ -1,0 +1,182 @@
+"""classify, score, rerank, pooling, tokenize and TEI routes against transformers run directly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import API_KEY
+from tests.server_process import ServerProcess
+from tests.test_errors import assert_openai_error
+
+TEXTS = ["I loved this film.", "It was fine, I guess.", "Terrible service, never again!", "", "ok"]
+QUERY = "Where is the Eiffel Tower?"
+DOCS = [
+    "The Eiffel Tower is in Paris.",
+    "Bananas are yellow.",
+    "Paris is the capital of France and home of the tower.",
+    "The tower was finished in 1889.",
+]
+
+
+def reference_logits(folder: Path, texts: list[str], pairs: list[str] | None = None) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.inference_mode():
+        batch = tokenizer(texts, pairs, padding=True, return_tensors="pt")
+        return model(**batch).logits.numpy().astype(np.float64)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def test_classify_equals_transformers(classifier_server: ServerProcess, classifier_dir: Path) -> None:
+    r = classifier_server.post("/classify", json={"input": TEXTS})
+    assert r.status_code == 200, r.text
+    data = r.json()["data"]
+    expected = softmax(reference_logits(classifier_dir, TEXTS))
+    np.testing.assert_allclose([d["probs"] for d in data], expected, atol=1e-5, rtol=0)
+    labels = ["negative", "neutral", "positive"]
+    assert [d["label"] for d in data] == [labels[i] for i in expected.argmax(axis=1)]
+    assert {d["num_classes"] for d in data} == {3}
+    assert [d["index"] for d in data] == list(range(len(TEXTS)))
+
+
+def test_tei_predict(classifier_server: ServerProcess, classifier_dir: Path) -> None:
+    single = classifier_server.post("/predict", json={"inputs": TEXTS[0]}).json()
+    expected = softmax(reference_logits(classifier_dir, TEXTS[:1]))[0]
+    assert [s["label"] for s in single][0] == ["negative", "neutral", "positive"][expected.argmax()]
+    assert [s["score"] for s in single] == sorted((s["score"] for s in single), reverse=True)
+    np.testing.assert_allclose(sorted(s["score"] for s in single), sorted(expected), atol=1e-5)
+    many = classifier_server.post("/predict", json={"inputs": TEXTS[:2]}).json()
+    assert len(many) == 2 and len(many[0]) == 3
+
+
+def test_score_equals_transformers(cross_encoder_server: ServerProcess, cross_encoder_dir: Path) -> None:
+    expected = 1 / (1 + np.exp(-reference_logits(cross_encoder_dir, [QUERY] * len(DOCS), DOCS)[:, 0]))
+    one_to_n = cross_encoder_server.post("/score", json={"text_1": QUERY, "text_2": DOCS})
+    assert one_to_n.status_code == 200, one_to_n.text
+    np.testing.assert_allclose([d["score"] for d in one_to_n.json()["data"]], expected, atol=1e-5, rtol=0)
+    n_to_n = cross_encoder_server.post("/score", json={"text_1": [QUERY] * len(DOCS), "text_2": DOCS})
+    np.testing.assert_allclose([d["score"] for d in n_to_n.json()["data"]], expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("route", ["/rerank", "/v1/rerank"])
+def test_rerank_orders_like_score(cross_encoder_server: ServerProcess, route: str) -> None:
+    scores = [
+        d["score"]
+        for d in cross_encoder_server.post("/score", json={"text_1": QUERY, "text_2": DOCS}).json()["data"]
+    ]
+    order = sorted(range(len(DOCS)), key=lambda i: -scores[i])
+    r = cross_encoder_server.post(route, json={"query": QUERY, "documents": DOCS})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["index"] for x in results] == order
+    np.testing.assert_allclose(
+        [x["relevance_score"] for x in results], sorted(scores, reverse=True), atol=1e-6
+    )
+    assert [x["document"]["text"] for x in results] == [DOCS[i] for i in order]
+    top = cross_encoder_server.post(
+        route, json={"query": QUERY, "texts": DOCS, "top_n": 2, "return_documents": False}
+    ).json()["results"]
+    assert [x["index"] for x in top] == order[:2]
+    assert all("document" not in x for x in top)
+
+
+def test_embedding_model_scores_by_cosine(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
+    vectors = st_model.encode([QUERY, *DOCS], normalize_embeddings=True)
+    expected = vectors[1:] @ vectors[0]
+    r = server.post("/score", json={"text_1": QUERY, "text_2": DOCS})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose([d["score"] for d in r.json()["data"]], expected, atol=1e-5, rtol=0)
+    ranked = server.post("/rerank", json={"query": QUERY, "documents": DOCS}).json()["results"]
+    assert [x["index"] for x in ranked] == list(np.argsort(-expected, kind="stable"))
+
+
+def test_pooling_is_the_raw_pooled_output(server: ServerProcess) -> None:
+    pooled = np.asarray(server.post("/pooling", json={"input": DOCS}).json()["data"][0]["data"])
+    embedded = np.asarray(server.post("/v1/embeddings", json={"input": DOCS}).json()["data"][0]["embedding"])
+    assert abs(np.linalg.norm(pooled) - 1) > 1e-3  # before the Normalize module
+    np.testing.assert_allclose(pooled / np.linalg.norm(pooled), embedded, atol=1e-5)
+
+
+def test_tei_embed(server: ServerProcess) -> None:
+    bare = server.post("/embed", json={"inputs": DOCS[:2]}).json()
+    openai = server.post("/v1/embeddings", json={"input": DOCS[:2]}).json()["data"]
+    np.testing.assert_allclose(bare, [d["embedding"] for d in openai], atol=1e-6)
+    raw = server.post("/embed", json={"inputs": DOCS[0], "normalize": False}).json()
+    assert abs(np.linalg.norm(raw[0]) - 1) > 1e-3
+    long = server.post("/embed", json={"inputs": "word " * 400, "truncate": True})
+    assert long.status_code == 200
+
+
+def test_tokenize_round_trip(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
+    text = "Tokenizers split words: unbelievable!"
+    r = server.post("/tokenize", json={"prompt": text}).json()
+    assert r["tokens"] == st_model.tokenizer(text)["input_ids"]
+    assert r["count"] == len(r["tokens"]) and r["max_model_len"] == 256
+    bare = server.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
+    assert bare["count"] == r["count"] - 2
+    back = server.post("/detokenize", json={"tokens": bare["tokens"]}).json()["prompt"]
+    assert back == st_model.tokenizer.decode(bare["tokens"])
+    again = server.post("/tokenize", json={"prompt": back, "add_special_tokens": False}).json()
+    assert again["tokens"] == bare["tokens"]
+
+
+def test_models_report_their_kind(
+    classifier_server: ServerProcess, cross_encoder_server: ServerProcess
+) -> None:
+    assert classifier_server.get("/v1/models").json()["data"][0]["kind"] == "classification"
+    assert cross_encoder_server.get("/v1/models").json()["data"][0]["kind"] == "cross-encoder"
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "words"),
+    [
+        ("/score", {"text_1": QUERY}, ["text_2"]),
+        ("/score", {"text_1": [QUERY, QUERY, QUERY], "text_2": DOCS}, ["3 texts", "4"]),
+        ("/score", {"text_1": [], "text_2": DOCS}, ["text_1", "empty"]),
+        ("/rerank", {"documents": DOCS}, ["query"]),
+        ("/rerank", {"query": QUERY}, ["documents"]),
+        ("/rerank", {"query": QUERY, "documents": []}, ["documents", "empty"]),
+        ("/rerank", {"query": QUERY, "documents": DOCS, "top_n": 0}, ["top_n"]),
+        ("/rerank", {"query": QUERY, "documents": DOCS, "top_n": -2}, ["top_n"]),
+        ("/classify", {"input": []}, ["empty"]),
+        ("/v1/embeddings", {"input": "x"}, ["/v1/embeddings", "cross-encoder"]),
+        ("/detokenize", {"tokens": [999999]}, ["999999"]),
+    ],
+)
+def test_bad_input_on_new_routes(
+    cross_encoder_server: ServerProcess, route: str, body: dict, words: list
+) -> None:  # type: ignore[type-arg]
+    assert_openai_error(cross_encoder_server.post(route, json=body), 400, *words)
+
+
+def test_routes_the_model_cannot_serve(server: ServerProcess, classifier_server: ServerProcess) -> None:
+    assert_openai_error(server.post("/classify", json={"input": "x"}), 400, "'embedding'")
+    assert_openai_error(
+        classifier_server.post("/score", json={"text_1": "a", "text_2": "b"}), 400, "'classification'"
+    )
+    assert_openai_error(classifier_server.post("/embed", json={"inputs": "a"}), 400, "'classification'")
+
+
+def test_api_key(cross_encoder_server: ServerProcess) -> None:
+    import httpx
+
+    body = {"text_1": QUERY, "text_2": DOCS[0]}
+    with httpx.Client(base_url=cross_encoder_server.url) as anonymous:
+        assert_openai_error(anonymous.post("/score", json=body), 401, "API key")
+        wrong = anonymous.post("/score", json=body, headers={"authorization": "Bearer nope"})
+        assert_openai_error(wrong, 401)
+        right = anonymous.post("/score", json=body, headers={"authorization": f"Bearer {API_KEY}"})
+        assert right.status_code == 200
+        for open_route in ("/health/live", "/health/ready", "/health", "/health/startup", "/version"):
+            assert anonymous.get(open_route).status_code == 200, open_route
+    assert API_KEY not in cross_encoder_server.logs()

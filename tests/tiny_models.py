@@ -1,0 +1,31 @@
+"""Tiny random-weight sequence-classification models, saved like a real model folder."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def build_classifier(dest: Path, tokenizer_from: Path, labels: list[str]) -> Path:
+    """A 2-layer BertForSequenceClassification with the embedded model's tokenizer."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(len(labels))
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+    )
+    BertForSequenceClassification(config).eval().save_pretrained(dest)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_from / name, dest / name)
+    return dest
