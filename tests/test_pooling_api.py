@@ -52,7 +52,7 @@ def test_classify_equals_transformers(classifier_server: ServerProcess, classifi
 def test_tei_predict(classifier_server: ServerProcess, classifier_dir: Path) -> None:
     single = classifier_server.post("/predict", json={"inputs": TEXTS[0]}).json()
     expected = softmax(reference_logits(classifier_dir, TEXTS[:1]))[0]
-    assert [s["label"] for s in single][0] == ["negative", "neutral", "positive"][expected.argmax()]
+    assert single[0]["label"] == ["negative", "neutral", "positive"][expected.argmax()]
     assert [s["score"] for s in single] == sorted((s["score"] for s in single), reverse=True)
     np.testing.assert_allclose(sorted(s["score"] for s in single), sorted(expected), atol=1e-5)
     many = classifier_server.post("/predict", json={"inputs": TEXTS[:2]}).json()
