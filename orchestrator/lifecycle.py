@@ -54,13 +54,15 @@ class Appliance(uvicorn.Server):
     async def boot(self) -> None:
         rt, phases, settings = self.rt, self.rt.phases, self.rt.settings
         loop = asyncio.get_running_loop()
-        rt.engine = EngineClient(loop)
+        rt.attach_engine(EngineClient(loop))
+        assert rt.engine is not None
         workers = self.workers = Workers(settings, phases, rt.engine, self.method)
 
         def on_fatal(reason: str) -> None:  # called from the supervisor thread
             loop.call_soon_threadsafe(self._spawn, self.fail(reason))
 
         workers.on_fatal = on_fatal
+        workers.on_restart = rt.metrics.restarts.inc
         engine_started = asyncio.wrap_future(_in_thread(workers.start_engine, "engine-start"))
         try:
             info, rt.tokenizers = await rt.run(_load_model_side, settings.model_path)

@@ -48,6 +48,7 @@ class Workers:
         self.process: multiprocessing.process.BaseProcess | None = None
         self.restarts: deque[float] = deque()
         self.on_fatal: Callable[[str], None] = lambda reason: None
+        self.on_restart: Callable[[], None] = lambda: None
         self._stopping = threading.Event()
         self._lost = threading.Event()
         client.on_lost = self._engine_lost
@@ -77,6 +78,7 @@ class Workers:
             self.phases.done("warmup", **warm)
         else:
             self.phases.update("engine", pid=loaded["pid"], restarts=len(self.restarts), **warm)
+            self.on_restart()
         self.client.attach(parent)
         self.phases.engine_up = True
         log.info("engine_ready", pid=process.pid, restart=not first)

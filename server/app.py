@@ -5,11 +5,12 @@ from __future__ import annotations
 from importlib import metadata
 
 from fastapi import FastAPI
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from server import errors
-from server.middleware import ApiKeyGuard, RequestTracking
-from server.routes import classify, embeddings, health, models, score, tokenize
+from server.middleware import ApiKeyGuard, BodyLimit, RequestTracking
+from server.routes import classify, embeddings, health, metrics, models, score, tokenize
 from server.runtime import Runtime
 
 
@@ -21,14 +22,17 @@ def create_app(rt: Runtime) -> FastAPI:
     )
     app.state.runtime = rt
     errors.install(app)
-    for module in (health, models, embeddings, classify, score, tokenize):
+    for module in (health, metrics, models, embeddings, classify, score, tokenize):
         app.include_router(module.router)
     return app
 
 
 def with_middleware(app: FastAPI) -> ASGIApp:
-    """The ASGI app uvicorn serves: request tracking outermost, then the optional API key."""
+    """The ASGI app uvicorn serves: tracking outermost, then the API key, then the body limit."""
     rt: Runtime = app.state.runtime
     key = rt.settings.resolved_api_key()
-    inner: ASGIApp = ApiKeyGuard(app, key) if key else app
-    return RequestTracking(inner, rt)
+    inner: ASGIApp = BodyLimit(app, rt)
+    if key:
+        inner = ApiKeyGuard(inner, key)
+    routes = {route.path for route in app.routes if isinstance(route, BaseRoute) and hasattr(route, "path")}
+    return RequestTracking(inner, rt, routes)

@@ -27,6 +27,10 @@ _TYPES = {
 }
 
 
+class ClientDisconnected(Exception):
+    """The client left before its answer; its queued inputs were cancelled."""
+
+
 class APIError(Exception):
     def __init__(
         self,
@@ -100,6 +104,10 @@ def install(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         return error_response(APIError(exc.status_code, detail, headers=dict(exc.headers or {})))
 
+    async def client_gone(_: Request, exc: Exception) -> JSONResponse:
+        # Nobody reads this answer; 499 (nginx's "client closed request") marks it in logs and metrics.
+        return error_response(APIError(499, "client closed the request", code="client_disconnected"))
+
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled_error", error=str(exc))
         return error_response(APIError(500, "internal error", code="internal_error"))
@@ -108,4 +116,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(ValidationError, validation)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(ClientDisconnected, client_gone)
     app.add_exception_handler(Exception, unexpected)

@@ -1,9 +1,11 @@
-"""ASGI middleware: request ids and the in-flight count that draining waits on."""
+"""ASGI middleware: request ids, in-flight count, metrics and access log; body limit; API key."""
 
 from __future__ import annotations
 
 import hmac
+import time
 import uuid
+from typing import Any
 
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -11,26 +13,37 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from server.errors import APIError, error_response
 from server.runtime import Runtime
 
+OPEN_PATHS = ("/health", "/version", "/metrics")
+QUIET_PATHS = ("/health", "/metrics")  # probes and scrapes log at debug level
+
+access_log = structlog.get_logger("warmpool.access")
+
 
 class RequestTracking:
-    """Echo or mint x-request-id, bind it to the log context, and count requests in flight."""
+    """Echo or mint x-request-id; count requests in flight (draining waits on it); one access event each."""
 
-    def __init__(self, app: ASGIApp, rt: Runtime) -> None:
+    def __init__(self, app: ASGIApp, rt: Runtime, routes: set[str]) -> None:
         self.app = app
         self.rt = rt
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = time.perf_counter()
         request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        state: dict[str, Any] = scope.setdefault("state", {})
+        status = 500
 
         async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                headers.append((b"x-request-id", request_id.encode("latin-1")))
-                message["headers"] = headers
+                status = message["status"]
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-request-id", request_id.encode("latin-1")),
+                ]
             await send(message)
 
         self.rt.in_flight += 1
@@ -39,17 +52,65 @@ class RequestTracking:
                 await self.app(scope, receive, send_with_id)
         finally:
             self.rt.in_flight -= 1
+            self._record(scope["method"], scope["path"], status, state, time.perf_counter() - started, request_id)
+
+    def _record(self, method: str, path: str, status: int, state: dict[str, Any], seconds: float, rid: str) -> None:
+        route = path if path in self.routes else "other"
+        self.rt.metrics.requests.labels(route=route, status=str(status)).observe(seconds)
+        access = state.get("access") or {}
+        timings = access.get("timings")
+        if timings is not None:
+            self.rt.metrics.tokenization_time.observe(timings.tokenization_ms / 1000)
+        log = access_log.debug if path.startswith(QUIET_PATHS) else access_log.info
+        log(
+            "request",
+            request_id=rid,
+            method=method,
+            route=route,
+            status=status,
+            inputs=access.get("inputs"),
+            tokens=access.get("tokens"),
+            queue_ms=round(timings.queue_ms, 2) if timings else None,
+            inference_ms=round(timings.inference_ms, 2) if timings else None,
+            total_ms=round(seconds * 1000, 2),
+        )
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key == name:
-            text: str = value.decode("latin-1")[:512]
-            return text
-    return None
+class BodyLimit:
+    """413 for a body over the limit: at once from Content-Length, or as soon as a streamed body passes it."""
 
+    def __init__(self, app: ASGIApp, rt: Runtime) -> None:
+        self.app = app
+        self.rt = rt
+        self.limit = rt.settings.max_body_bytes
 
-OPEN_PATHS = ("/health", "/version", "/metrics")
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._reject(scope, receive, send)
+            return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                self.rt.metrics.rejections.labels(reason="body_too_large").inc()
+                raise self._too_large()
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"request body is larger than the limit of {self.limit} bytes", code="body_too_large")
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.rt.metrics.rejections.labels(reason="body_too_large").inc()
+        await error_response(self._too_large())(scope, receive, send)
 
 
 class ApiKeyGuard:
@@ -60,7 +121,7 @@ class ApiKeyGuard:
         self.expected = f"Bearer {key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._open(scope["path"]):
+        if scope["type"] != "http" or _is_open(scope["path"]):
             await self.app(scope, receive, send)
             return
         given = (_header(scope, b"authorization") or "").encode("latin-1")
@@ -71,6 +132,14 @@ class ApiKeyGuard:
         response.headers["www-authenticate"] = "Bearer"
         await response(scope, receive, send)
 
-    @staticmethod
-    def _open(path: str) -> bool:
-        return any(path == p or path.startswith(p + "/") for p in OPEN_PATHS)
+
+def _is_open(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in OPEN_PATHS)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            text: str = value.decode("latin-1")[:512]
+            return text
+    return None

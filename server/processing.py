@@ -11,12 +11,15 @@ import base64
 import functools
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from orchestrator.settings import Settings
+from server.admission import Admission
 from server.errors import APIError, bad_request, from_validation
 from server.modelinfo import ModelInfo
 from server.tokenizer import TokenizerPool, Tokens
@@ -43,15 +46,67 @@ def parse(model: type[M], raw: bytes) -> M:
         raise from_validation(list(exc.errors())) from None
 
 
+@dataclass
+class Context:
+    """What one request's prepare and render steps may read, and the admission permits it holds."""
+
+    info: ModelInfo
+    tokenizers: TokenizerPool
+    settings: Settings
+    admission: Admission | None = None
+    admitted: int = 0
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.model_name
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(
+                404,
+                f"model '{name}' does not exist; this server serves '{self.model_name}'",
+                param="model",
+                code="model_not_found",
+            )
+
+    def require(self, route: str, *kinds: str) -> None:
+        require_kind(self.info, route, *kinds)
+
+    def admit(self, inputs: int, field: str = "input") -> None:
+        """Bound the request's size, then take one permit per input before any tokenizing."""
+        limit = self.settings.max_inputs_per_request
+        if inputs > limit:
+            raise bad_request(f"'{field}' has {inputs} inputs, more than the limit of {limit} per request", field)
+        if self.admission is None:
+            return
+        permits = self.admission.try_acquire(inputs)
+        if permits is None:
+            raise overloaded()
+        self.admitted += permits
+
+    def release(self) -> None:
+        if self.admission is not None and self.admitted:
+            self.admission.release(self.admitted)
+            self.admitted = 0
+
+
+def overloaded() -> APIError:
+    return APIError(
+        429,
+        "server is overloaded: too many inputs in flight; retry later",
+        code="overloaded",
+        headers={"Retry-After": "1"},
+    )
+
+
 def tokenize_inputs(
     value: str | list[str] | list[int] | list[list[int]],
-    info: ModelInfo,
-    tokenizers: TokenizerPool,
+    ctx: Context,
     truncate: int | None,
-    max_inputs: int,
     field: str = "input",
 ) -> list[Tokens]:
-    """Text or token ids -> checked token lists, one per input."""
+    """Text or token ids -> checked token lists, one per input (admitted first)."""
+    info, tokenizers = ctx.info, ctx.tokenizers
     limit = truncation_limit(truncate, info)
     if isinstance(value, str):
         texts: list[Any] = [value]
@@ -61,11 +116,7 @@ def tokenize_inputs(
         texts = list(value)
     if not texts:
         raise bad_request(f"'{field}' must not be empty", field)
-    if len(texts) > max_inputs:
-        raise bad_request(
-            f"'{field}' has {len(texts)} inputs, more than the limit of {max_inputs} per request",
-            field,
-        )
+    ctx.admit(len(texts), field)
     if isinstance(texts[0], str):
         if limit is None:
             tokens = tokenizers.encode_batch(texts)
@@ -98,9 +149,7 @@ def _checked_ids(ids: list[int], index: int, vocab: int, field: str) -> list[int
         raise bad_request(f"{field}[{index}] is an empty token list", field)
     bad = next((t for t in ids if t < 0 or t >= vocab), None)
     if bad is not None:
-        raise bad_request(
-            f"token id {bad} in {field}[{index}] is outside the vocabulary (0..{vocab - 1})", field
-        )
+        raise bad_request(f"token id {bad} in {field}[{index}] is outside the vocabulary (0..{vocab - 1})", field)
     return ids
 
 

@@ -18,10 +18,7 @@ def check_input_shape(value: Any, field: str = "input") -> Any:
     ok = isinstance(value, list) and (
         all(isinstance(v, str) for v in value)
         or all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        or all(
-            isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
-            for v in value
-        )
+        or all(isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v) for v in value)
     )
     if not ok:
         raise ValueError(f"'{field}' must be {_INPUT_SHAPES}")

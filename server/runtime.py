@@ -14,8 +14,10 @@ from fastapi.responses import Response
 
 from orchestrator.phases import Phases
 from orchestrator.settings import Settings
+from server.admission import Admission
 from server.errors import APIError
-from server.ipc import EngineClient, EngineFailed, EngineUnavailable, Outcome
+from server.ipc import BatchStats, EngineClient, EngineFailed, EngineUnavailable, Outcome
+from server.metrics import Metrics
 from server.modelinfo import ModelInfo
 from server.processing import make_async
 from server.tokenizer import TokenizerPool, Tokens
@@ -50,6 +52,24 @@ class Runtime:
     model: ModelInfo | None = None
     tokenizers: TokenizerPool | None = None
     in_flight: int = 0  # HTTP requests being answered; draining waits for 0
+    admission: Admission = field(init=False)
+    metrics: Metrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.settings.admission_permits)
+        self.metrics = Metrics(self.phases.snapshot)
+        self.metrics.in_flight.set_function(lambda: self.admission.used)
+        self.metrics.queue_depth.set_function(lambda: self.engine.queued_inputs if self.engine else 0)
+
+    def attach_engine(self, engine: EngineClient) -> None:
+        """Batch statistics flow from the engine client into the metrics."""
+        self.engine = engine
+
+        def on_batch(stats: BatchStats) -> None:
+            self.metrics.batch_size.observe(stats.batch_size)
+            self.metrics.batch_tokens.observe(stats.batch_tokens)
+
+        engine.on_batch = on_batch
 
     async def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """fn on the executor (tokenizing, validation, response building)."""
@@ -58,6 +78,7 @@ class Runtime:
     def loaded(self) -> tuple[ModelInfo, TokenizerPool]:
         """The model, or 503 while starting, recovering or draining."""
         if not self.phases.serving or self.model is None or self.tokenizers is None:
+            self.metrics.rejections.labels(reason=self.phases.status()).inc()
             raise self.unavailable()
         return self.model, self.tokenizers
 
@@ -99,6 +120,8 @@ class Runtime:
             raise APIError(500, f"the engine failed on this batch: {exc}", code="engine_error") from None
         timings.queue_ms = outcome.queue_ms
         timings.inference_ms = outcome.inference_ms
+        self.metrics.queue_time.observe(outcome.queue_ms / 1000)
+        self.metrics.inference_time.observe(outcome.inference_ms / 1000)
         return outcome
 
 

@@ -42,9 +42,7 @@ def st_model(model_dir: Path):  # type: ignore[no-untyped-def]
 def classifier_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tiny_models import build_classifier
 
-    return build_classifier(
-        tmp_path_factory.mktemp("classifier"), model_dir, ["negative", "neutral", "positive"]
-    )
+    return build_classifier(tmp_path_factory.mktemp("classifier"), model_dir, ["negative", "neutral", "positive"])
 
 
 @pytest.fixture(scope="session")
@@ -55,9 +53,7 @@ def cross_encoder_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.fixture(scope="session")
-def classifier_server(
-    classifier_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
+def classifier_server(classifier_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     proc = ServerProcess(classifier_dir, tmp_path_factory.mktemp("logs") / "classifier.log")
     try:
         yield proc.wait_ready()
@@ -69,9 +65,7 @@ API_KEY = "s3cret-test-key"
 
 
 @pytest.fixture(scope="session")
-def cross_encoder_server(
-    cross_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
+def cross_encoder_server(cross_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Also the API-key server: the key comes from a file, as from a mounted secret."""
     secrets = tmp_path_factory.mktemp("secrets")
     (secrets / "api-key").write_text(API_KEY + "\n")

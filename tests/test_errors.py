@@ -49,9 +49,7 @@ def test_malformed_json(server: ServerProcess) -> None:
 
 
 def test_unknown_model_is_404(server: ServerProcess) -> None:
-    error = assert_openai_error(
-        server.post("/v1/embeddings", json={"input": "x", "model": "gpt-4"}), 404, "gpt-4"
-    )
+    error = assert_openai_error(server.post("/v1/embeddings", json={"input": "x", "model": "gpt-4"}), 404, "gpt-4")
     assert error["param"] == "model"
 
 

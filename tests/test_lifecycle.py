@@ -74,8 +74,7 @@ def test_kill_engine_under_load_recovers(model_dir: Path, log_path: Path) -> Non
             os.kill(old_pid, signal.SIGKILL)
             wait_for(
                 lambda: (
-                    server.get("/health/ready").status_code == 503
-                    or server.phase("engine")["detail"]["pid"] != old_pid
+                    server.get("/health/ready").status_code == 503 or server.phase("engine")["detail"]["pid"] != old_pid
                 ),
                 10,
                 "readiness to drop",
@@ -97,7 +96,7 @@ def test_kill_engine_under_load_recovers(model_dir: Path, log_path: Path) -> Non
 
 
 def test_sigterm_finishes_in_flight_requests(model_dir: Path, log_path: Path) -> None:
-    server = ServerProcess(model_dir, log_path).wait_ready()
+    server = ServerProcess(model_dir, log_path, max_concurrent_inputs=4096).wait_ready()
     children = server.children()
     assert len(children) >= 2  # forkserver (+ resource tracker) and the engine
     batch = [" ".join(["drain"] * 120)] * 48  # ~0.5 s of engine time per request

@@ -71,17 +71,14 @@ def test_score_equals_transformers(cross_encoder_server: ServerProcess, cross_en
 @pytest.mark.parametrize("route", ["/rerank", "/v1/rerank"])
 def test_rerank_orders_like_score(cross_encoder_server: ServerProcess, route: str) -> None:
     scores = [
-        d["score"]
-        for d in cross_encoder_server.post("/score", json={"text_1": QUERY, "text_2": DOCS}).json()["data"]
+        d["score"] for d in cross_encoder_server.post("/score", json={"text_1": QUERY, "text_2": DOCS}).json()["data"]
     ]
     order = sorted(range(len(DOCS)), key=lambda i: -scores[i])
     r = cross_encoder_server.post(route, json={"query": QUERY, "documents": DOCS})
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     assert [x["index"] for x in results] == order
-    np.testing.assert_allclose(
-        [x["relevance_score"] for x in results], sorted(scores, reverse=True), atol=1e-6
-    )
+    np.testing.assert_allclose([x["relevance_score"] for x in results], sorted(scores, reverse=True), atol=1e-6)
     assert [x["document"]["text"] for x in results] == [DOCS[i] for i in order]
     top = cross_encoder_server.post(
         route, json={"query": QUERY, "texts": DOCS, "top_n": 2, "return_documents": False}
@@ -130,9 +127,7 @@ def test_tokenize_round_trip(server: ServerProcess, st_model) -> None:  # type: 
     assert again["tokens"] == bare["tokens"]
 
 
-def test_models_report_their_kind(
-    classifier_server: ServerProcess, cross_encoder_server: ServerProcess
-) -> None:
+def test_models_report_their_kind(classifier_server: ServerProcess, cross_encoder_server: ServerProcess) -> None:
     assert classifier_server.get("/v1/models").json()["data"][0]["kind"] == "classification"
     assert cross_encoder_server.get("/v1/models").json()["data"][0]["kind"] == "cross-encoder"
 
@@ -153,17 +148,13 @@ def test_models_report_their_kind(
         ("/detokenize", {"tokens": [999999]}, ["999999"]),
     ],
 )
-def test_bad_input_on_new_routes(
-    cross_encoder_server: ServerProcess, route: str, body: dict, words: list
-) -> None:  # type: ignore[type-arg]
+def test_bad_input_on_new_routes(cross_encoder_server: ServerProcess, route: str, body: dict, words: list) -> None:  # type: ignore[type-arg]
     assert_openai_error(cross_encoder_server.post(route, json=body), 400, *words)
 
 
 def test_routes_the_model_cannot_serve(server: ServerProcess, classifier_server: ServerProcess) -> None:
     assert_openai_error(server.post("/classify", json={"input": "x"}), 400, "'embedding'")
-    assert_openai_error(
-        classifier_server.post("/score", json={"text_1": "a", "text_2": "b"}), 400, "'classification'"
-    )
+    assert_openai_error(classifier_server.post("/score", json={"text_1": "a", "text_2": "b"}), 400, "'classification'")
     assert_openai_error(classifier_server.post("/embed", json={"inputs": "a"}), 400, "'classification'")
 
 

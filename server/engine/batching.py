@@ -32,9 +32,7 @@ def take_batch(pending: deque[Item], max_tokens: int, max_size: int) -> list[Ite
     return batch
 
 
-def split_by_length(
-    batch: list[Item], call_overhead: float = DEFAULT_CALL_OVERHEAD_TOKENS
-) -> list[list[Item]]:
+def split_by_length(batch: list[Item], call_overhead: float = DEFAULT_CALL_OVERHEAD_TOKENS) -> list[list[Item]]:
     """Sort by length, then cut into the sub-batches that cost least to run.
 
     A forward pass costs about `call_overhead + longest x count` tokens, so one padded batch wastes

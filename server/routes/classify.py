@@ -8,8 +8,9 @@ from fastapi.responses import Response
 
 from server import processing
 from server.ipc import Outcome
+from server.processing import Context
 from server.protocol import ClassifyRequest, TEIPredictRequest, openapi_body
-from server.routes.pipeline import Context, Prepared, envelope, serve
+from server.routes.pipeline import Prepared, envelope, serve
 
 router = APIRouter(tags=["classification"])
 CLASSIFIERS = ("classification", "cross-encoder")
@@ -32,9 +33,7 @@ def prepare_classify(raw: bytes, ctx: Context) -> Prepared[ClassifyRequest]:
     body = processing.parse(ClassifyRequest, raw)
     ctx.check_model(body.model)
     ctx.require("/classify", *CLASSIFIERS)
-    tokens = processing.tokenize_inputs(
-        body.input, ctx.info, ctx.tokenizers, body.truncate_prompt_tokens, ctx.settings.max_inputs_per_request
-    )
+    tokens = processing.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens)
     return Prepared(body, tokens)
 
 
@@ -53,12 +52,7 @@ def prepare_predict(raw: bytes, ctx: Context) -> Prepared[TEIPredictRequest]:
     inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     if not inputs:
         raise processing.bad_request("'inputs' must not be empty", "inputs")
-    if len(inputs) > ctx.settings.max_inputs_per_request:
-        raise processing.bad_request(
-            f"'inputs' has {len(inputs)} entries, more than the limit of "
-            f"{ctx.settings.max_inputs_per_request} per request",
-            "inputs",
-        )
+    ctx.admit(len(inputs), "inputs")
     truncate = ctx.info.max_model_len if body.truncate else None
     tokens = []
     for i, item in enumerate(inputs):

@@ -7,8 +7,9 @@ from fastapi.responses import Response
 
 from server import processing
 from server.ipc import Outcome
+from server.processing import Context
 from server.protocol import EmbeddingRequest, PoolingRequest, TEIEmbedRequest, openapi_body
-from server.routes.pipeline import Context, Prepared, envelope, serve
+from server.routes.pipeline import Prepared, envelope, serve
 
 router = APIRouter(tags=["embeddings"])
 
@@ -25,9 +26,7 @@ def prepare_embeddings(raw: bytes, ctx: Context) -> Prepared[EmbeddingRequest]:
     ctx.check_model(body.model)
     ctx.require("/v1/embeddings", "embedding")
     check_dimensions(body.dimensions, ctx)
-    tokens = processing.tokenize_inputs(
-        body.input, ctx.info, ctx.tokenizers, body.truncate_prompt_tokens, ctx.settings.max_inputs_per_request
-    )
+    tokens = processing.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens)
     return Prepared(body, tokens)
 
 
@@ -38,17 +37,13 @@ def render_embeddings(prep: Prepared[EmbeddingRequest], outcome: Outcome, ctx: C
         {"object": "embedding", "index": i, "embedding": processing.encode_vector(v, body.encoding_format)}
         for i, v in enumerate(vectors)
     ]
-    return processing.to_json(
-        {"object": "list", "data": data, "model": ctx.model_name, "usage": prep.usage()}
-    )
+    return processing.to_json({"object": "list", "data": data, "model": ctx.model_name, "usage": prep.usage()})
 
 
 def prepare_pooling(raw: bytes, ctx: Context) -> Prepared[PoolingRequest]:
     body = processing.parse(PoolingRequest, raw)
     ctx.check_model(body.model)
-    tokens = processing.tokenize_inputs(
-        body.input, ctx.info, ctx.tokenizers, body.truncate_prompt_tokens, ctx.settings.max_inputs_per_request
-    )
+    tokens = processing.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens)
     return Prepared(body, tokens)
 
 
@@ -67,17 +62,13 @@ def prepare_tei_embed(raw: bytes, ctx: Context) -> Prepared[TEIEmbedRequest]:
     ctx.require("/embed", "embedding")
     check_dimensions(body.dimensions, ctx)
     truncate = -1 if body.truncate else None
-    tokens = processing.tokenize_inputs(
-        body.inputs, ctx.info, ctx.tokenizers, truncate, ctx.settings.max_inputs_per_request, "inputs"
-    )
+    tokens = processing.tokenize_inputs(body.inputs, ctx, truncate, "inputs")
     return Prepared(body, tokens)
 
 
 def render_tei_embed(prep: Prepared[TEIEmbedRequest], outcome: Outcome, ctx: Context) -> bytes:
     """TEI answers a bare list of vectors."""
-    return processing.to_json(
-        processing.embeddings(outcome.vectors, prep.body.dimensions, prep.body.normalize)
-    )
+    return processing.to_json(processing.embeddings(outcome.vectors, prep.body.dimensions, prep.body.normalize))
 
 
 @router.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingRequest))

@@ -6,49 +6,25 @@ A route supplies two synchronous functions: `prepare(raw, ctx) -> Prepared` and
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from orchestrator.settings import Settings
-from server.errors import APIError
+from server import processing
+from server.errors import ClientDisconnected
 from server.ipc import Outcome
-from server.modelinfo import ModelInfo
-from server.processing import require_kind
+from server.processing import Context
 from server.runtime import Timings, json_response, runtime
-from server.tokenizer import TokenizerPool, Tokens
+from server.tokenizer import Tokens
 
 B = TypeVar("B")
-
-
-@dataclass(frozen=True)
-class Context:
-    """What prepare and render may read: the loaded model and the settings."""
-
-    info: ModelInfo
-    tokenizers: TokenizerPool
-    settings: Settings
-
-    @property
-    def model_name(self) -> str:
-        return self.settings.model_name
-
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise APIError(
-                404,
-                f"model '{name}' does not exist; this server serves '{self.model_name}'",
-                param="model",
-                code="model_not_found",
-            )
-
-    def require(self, route: str, *kinds: str) -> None:
-        require_kind(self.info, route, *kinds)
+T = TypeVar("T")
 
 
 @dataclass
@@ -73,12 +49,37 @@ async def serve(request: Request, prepare: Prepare, render: Render) -> Response:
     rt = runtime(request)
     timings = Timings()
     info, tokenizers = rt.loaded()
-    ctx = Context(info, tokenizers, rt.settings)
-    raw = await request.body()
-    prepared = await rt.run(prepare, raw, ctx)
-    timings.tokenization_ms = (time.perf_counter() - timings.started) * 1000
-    outcome = await rt.pool(prepared.tokens, timings)
-    return json_response(await rt.run(render, prepared, outcome, ctx), timings)
+    if rt.admission.full:  # refuse before reading or parsing anything
+        raise processing.overloaded()
+    ctx = Context(info, tokenizers, rt.settings, rt.admission)
+    try:
+        prepared = await rt.run(prepare, await request.body(), ctx)
+        timings.tokenization_ms = (time.perf_counter() - timings.started) * 1000
+        outcome = await _unless_disconnected(request, rt.pool(prepared.tokens, timings))
+        body = await rt.run(render, prepared, outcome, ctx)
+    finally:
+        ctx.release()
+    request.state.access = {"inputs": len(prepared.tokens), "tokens": prepared.n_tokens, "timings": timings}
+    return json_response(body, timings)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await work, but give up (and so cancel the engine's queued inputs) if the client leaves."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        raise ClientDisconnected()
+    return task.result()
+
+
+async def _client_gone(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def envelope(prefix: str, ctx: Context, **fields: Any) -> dict[str, Any]:

@@ -16,9 +16,10 @@ from fastapi.responses import Response
 
 from server import processing
 from server.ipc import Outcome
+from server.processing import Context
 from server.protocol import RerankRequest, ScoreRequest, openapi_body
 from server.routes.classify import activate
-from server.routes.pipeline import Context, Prepared, envelope, serve
+from server.routes.pipeline import Prepared, envelope, serve
 from server.tokenizer import Tokens
 
 router = APIRouter(tags=["scoring"])
@@ -39,10 +40,7 @@ def tokenize_pairs(
     lefts: list[str], rights: list[str], ctx: Context, truncate: int | None
 ) -> tuple[list[Tokens], Pairs]:
     limit = processing.truncation_limit(truncate, ctx.info)
-    if len(lefts) > ctx.settings.max_inputs_per_request:
-        raise processing.bad_request(
-            f"{len(lefts)} pairs is more than the limit of {ctx.settings.max_inputs_per_request} per request"
-        )
+    ctx.admit(len(lefts), "text_2")
     if ctx.info.kind == "cross-encoder":
         tokens = [ctx.tokenizers.encode(q, d, truncate=limit) for q, d in zip(lefts, rights, strict=True)]
         index = list(range(len(tokens)))

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from server import processing
+from server.processing import Context
 from server.protocol import DetokenizeRequest, TokenizeRequest, openapi_body
-from server.routes.pipeline import Context
 from server.runtime import Timings, json_response, runtime
 
 router = APIRouter(tags=["tokenize"])

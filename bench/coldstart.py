@@ -1,0 +1,161 @@
+"""Cold start: warmpool against a naive sequential server, engine-kill recovery, and prefetch.
+
+Before each run the model's files are evicted from the page cache (posix_fadvise DONTNEED, no
+root needed). Prints medians and ratios measured in this run; never asserts.
+Usage: .venv/bin/python -m bench.coldstart [--runs 3] [--skip-prefetch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.common import MODEL, ROOT
+from tests.server_process import ServerProcess, free_port, wait_for
+
+
+def evict(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def timeline(url: str, started: float, live_path: str, ready_path: str, proc: subprocess.Popen) -> dict:  # type: ignore[type-arg]
+    """Seconds from launch to the first live answer, readiness, and the first embedding."""
+    marks: dict[str, float] = {}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for name, attempt in (
+            ("live", lambda: http.get(live_path).status_code == 200),
+            ("ready", lambda: http.get(ready_path).status_code == 200),
+            ("embedding", lambda: http.post("/v1/embeddings", json={"input": "first"}).status_code == 200),
+        ):
+
+            def check(attempt=attempt) -> bool:  # type: ignore[no-untyped-def]
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode}")
+                return bool(attempt())
+
+            wait_for(check, 300, name, interval=0.005)
+            marks[name] = time.monotonic() - started
+    return marks
+
+
+def run_warmpool(model: Path, log: Path, cold: bool = True, **settings: object) -> tuple[dict, ServerProcess]:  # type: ignore[type-arg]
+    if cold:
+        evict(model)
+    server = ServerProcess(model, log, log_level="warning", **settings)
+    return timeline(server.url, server.started, "/health/live", "/health/ready", server.proc), server
+
+
+def run_naive(model: Path, log: Path) -> dict:  # type: ignore[type-arg]
+    evict(model)
+    port = free_port()
+    with open(log, "wb") as out:
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.naive_server", str(model), str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+        try:
+            return timeline(f"http://127.0.0.1:{port}", started, "/health", "/health", proc)
+        finally:
+            proc.terminate()
+            proc.wait()
+
+
+def median(runs: list[dict], key: str) -> float:  # type: ignore[type-arg]
+    return statistics.median(r[key] for r in runs)
+
+
+def kill_recovery(server: ServerProcess) -> float:
+    old = server.phase("engine")["detail"]["pid"]
+    started = time.monotonic()
+    os.kill(old, signal.SIGKILL)
+    wait_for(
+        lambda: server.phase("engine")["detail"]["pid"] != old and server.get("/health/ready").status_code == 200,
+        60,
+        "recovery",
+        interval=0.005,
+    )
+    return time.monotonic() - started
+
+
+def big_model(folder: Path) -> Path:
+    """A ~1.3 GB random-weight BERT-large-shaped encoder with the embedded model's tokenizer."""
+    from transformers import BertConfig, BertModel
+
+    from tests.tiny_models import TOKENIZER_FILES
+
+    config = BertConfig(
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+        max_position_embeddings=512,
+    )
+    BertModel(config).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        (folder / name).write_bytes((MODEL / name).read_bytes())
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--skip-prefetch", action="store_true")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    warm, naive, recoveries = [], [], []
+    for i in range(args.runs):
+        naive.append(run_naive(MODEL, tmp / f"naive{i}.log"))
+        marks, server = run_warmpool(MODEL, tmp / f"warmpool{i}.log")
+        warm.append(marks)
+        recoveries.append(kill_recovery(server))
+        server.stop()
+    print(f"cold start, all-MiniLM-L6-v2, page cache evicted, median of {args.runs} runs (seconds from launch):")
+    print("              live    ready   first embedding")
+    for name, runs in (("warmpool", warm), ("naive", naive)):
+        print(
+            f"  {name:10s} {median(runs, 'live'):6.2f}  {median(runs, 'ready'):6.2f}  {median(runs, 'embedding'):8.2f}"
+        )
+    print(f"  first embedding warmpool/naive = {median(warm, 'embedding') / median(naive, 'embedding'):.2f}")
+    recovery = statistics.median(recoveries)
+    print(
+        f"engine kill -9 -> ready again: median {recovery:.2f}s "
+        f"({recovery / median(warm, 'ready'):.2f} x warmpool's cold ready)"
+    )
+    if args.skip_prefetch:
+        return
+    folder = big_model(tmp / "big")
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e9
+    print(f"prefetch, random-weight encoder of {size:.2f} GB (ready, seconds from launch):")
+    for prefetch in ("on", "off"):
+        for cache in ("cold", "warm"):
+            if cache == "warm":
+                for path in folder.rglob("*"):
+                    if path.is_file():
+                        path.read_bytes()
+            log = tmp / f"big-{prefetch}-{cache}.log"
+            marks, server = run_warmpool(folder, log, cache == "cold", prefetch=prefetch)
+            server.stop()
+            print(f"  prefetch {prefetch:3s} {cache}: ready {marks['ready']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Admission: one permit per input, taken before any tokenizing; past capacity the answer is 429 at once.
+
+TEI takes one permit per input from a semaphore and rejects when it is empty; vLLM counts a
+request only after tokenizing it, so its overload answers arrive seconds late (vllm#58192).
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class Admission:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def full(self) -> bool:
+        return self._used >= self.capacity
+
+    def try_acquire(self, inputs: int) -> int | None:
+        """Permits taken (a request larger than the capacity takes all of it), or None when full."""
+        wanted = min(max(inputs, 1), self.capacity)
+        with self._lock:
+            if self._used + wanted > self.capacity:
+                return None
+            self._used += wanted
+            return wanted
+
+    def release(self, permits: int) -> None:
+        with self._lock:
+            self._used -= permits

@@ -1,0 +1,94 @@
+"""Prometheus metrics, in a registry of the app's own; phase and gauge values are read at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# Pooling requests take milliseconds; probes sub-millisecond; big batches seconds.
+SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+BATCH_TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+class _PhaseCollector(Collector):
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        phases = self.snapshot()["phases"]
+        duration = GaugeMetricFamily(
+            "warmpool_startup_phase_duration_seconds",
+            "Duration of each startup phase",
+            labels=["phase", "state"],
+        )
+        prefetched = GaugeMetricFamily("warmpool_prefetch_bytes", "Bytes read into the page cache by prefetch")
+        for phase in phases:
+            if phase["duration_s"] is not None:
+                duration.add_metric([phase["name"], phase["state"]], phase["duration_s"])
+            if phase["name"] == "prefetch":
+                prefetched.add_metric([], phase["detail"].get("bytes_done", 0))
+        yield duration
+        yield prefetched
+
+
+class Metrics:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.registry = registry = CollectorRegistry()
+        registry.register(_PhaseCollector(snapshot))
+        self.requests = Histogram(
+            "warmpool_request_duration_seconds",
+            "HTTP request latency",
+            ["route", "status"],
+            buckets=SECONDS,
+            registry=registry,
+        )
+        self.queue_time = Histogram(
+            "warmpool_queue_time_seconds",
+            "Time inputs waited for the engine",
+            buckets=SECONDS,
+            registry=registry,
+        )
+        self.tokenization_time = Histogram(
+            "warmpool_tokenization_time_seconds",
+            "Parse and tokenize time per request",
+            buckets=SECONDS,
+            registry=registry,
+        )
+        self.inference_time = Histogram(
+            "warmpool_inference_time_seconds",
+            "Engine forward time per request",
+            buckets=SECONDS,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "warmpool_batch_size", "Inputs per engine forward pass", buckets=BATCH_SIZES, registry=registry
+        )
+        self.batch_tokens = Histogram(
+            "warmpool_batch_tokens",
+            "Padded tokens per engine forward pass",
+            buckets=BATCH_TOKENS,
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "warmpool_queue_depth", "Inputs sent to the engine, not yet answered", registry=registry
+        )
+        self.in_flight = Gauge(
+            "warmpool_inputs_in_flight", "Admitted inputs (admission permits in use)", registry=registry
+        )
+        self.rejections = Counter(
+            "warmpool_rejections_total", "Requests refused before any work", ["reason"], registry=registry
+        )
+        self.restarts = Counter("warmpool_engine_restarts_total", "Engines re-forked after a crash", registry=registry)
+        self.disconnects = Counter(
+            "warmpool_client_disconnects_total",
+            "Requests whose client left before the answer",
+            registry=registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
