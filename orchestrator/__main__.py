@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     phases.done("bind", host=settings.host, port=sock.getsockname()[1])
     early = binding.EarlyResponder(sock, phases).start()
-    method = forkserver.start(settings.start_method, phases)
+    method = forkserver.start(settings.start_method, phases, forkserver.preload_for(settings.model_path))
     start_prefetch(settings, phases)
 
     from orchestrator.lifecycle import (

@@ -6,9 +6,11 @@ start-up slower (+6.8 s), a background one saved 7.6 s (vLLM #40331).
 
 from __future__ import annotations
 
+import json
 import multiprocessing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
+from pathlib import Path
 
 import structlog
 
@@ -17,6 +19,17 @@ from orchestrator.phases import Phases
 # server.engine.main imports torch, transformers and the model-load path (server.engine.preload).
 PRELOAD = ["server.engine.main"]
 
+
+def preload_for(model_path: Path) -> list[str]:
+    """PRELOAD plus the served architecture's modelling module, which loading would import lazily."""
+    try:
+        model_type = json.loads((model_path / "config.json").read_text()).get("model_type", "")
+    except (OSError, ValueError, AttributeError):
+        return PRELOAD
+    name = str(model_type).replace("-", "_")
+    return [*PRELOAD, f"transformers.models.{name}.modeling_{name}"] if name.isidentifier() else PRELOAD
+
+
 log = structlog.get_logger("warmpool.forkserver")
 
 
@@ -24,15 +37,16 @@ log = structlog.get_logger("warmpool.forkserver")
 class StartMethod:
     ctx: BaseContext
     fallback_reason: str | None = None
+    preload: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return "spawn" if self.fallback_reason else "forkserver"
 
 
-def start(method: str, phases: Phases) -> StartMethod:
+def start(method: str, phases: Phases, preload: list[str]) -> StartMethod:
     """Launch the forkserver now (returns at once); fall back to spawn and say why."""
-    chosen = _choose(method)
+    chosen = _choose(method, preload)
     if chosen.fallback_reason is None:
         try:
             from multiprocessing import forkserver
@@ -47,14 +61,14 @@ def start(method: str, phases: Phases) -> StartMethod:
     return chosen
 
 
-def _choose(method: str) -> StartMethod:
+def _choose(method: str, preload: list[str]) -> StartMethod:
     if method == "spawn":
         return StartMethod(multiprocessing.get_context("spawn"), "spawn requested (WARMPOOL_START_METHOD)")
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return StartMethod(multiprocessing.get_context("spawn"), "forkserver is not available here")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return StartMethod(ctx)
+    ctx.set_forkserver_preload(preload)
+    return StartMethod(ctx, preload=preload)
 
 
 def stop(method: StartMethod) -> None:

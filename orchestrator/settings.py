@@ -41,6 +41,9 @@ class Settings(BaseSettings):
         ge=1,
         description="torch threads in the engine.",
     )
+    engine_nice: int = Field(
+        5, ge=0, le=19, description="Niceness of the engine, so the HTTP process gets a core at once."
+    )
     executor_threads: int = Field(4, ge=1, description="Threads for tokenizing and response building.")
     start_method: Literal["forkserver", "spawn"] = Field(
         "forkserver", description="How engines start; spawn is the fallback."

@@ -18,7 +18,7 @@ import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
 from orchestrator import forkserver
-from orchestrator.forkserver import PRELOAD, StartMethod
+from orchestrator.forkserver import StartMethod
 from orchestrator.phases import Phases
 from orchestrator.settings import Settings
 from server.engine import entry
@@ -44,6 +44,7 @@ class Workers:
             threads=settings.engine_threads,
             max_batch_tokens=settings.max_batch_tokens,
             max_batch_size=settings.max_batch_size,
+            nice=settings.engine_nice,
         )
         self.process: multiprocessing.process.BaseProcess | None = None
         self.restarts: deque[float] = deque()
@@ -67,7 +68,7 @@ class Workers:
         child.close()
         self.process = process
         if first:
-            self.phases.done("forkserver", preload=PRELOAD if self.method.name == "forkserver" else [])
+            self.phases.done("forkserver", preload=self.method.preload)
             self.phases.start("engine", pid=process.pid)
         loaded = self._expect(parent, process, Msg.LOADED)
         if first:

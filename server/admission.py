@@ -19,13 +19,12 @@ class Admission:
     def used(self) -> int:
         return self._used
 
-    @property
-    def full(self) -> bool:
-        return self._used >= self.capacity
-
-    def try_acquire(self, inputs: int) -> int | None:
-        """Permits taken (a request larger than the capacity takes all of it), or None when full."""
-        wanted = min(max(inputs, 1), self.capacity)
+    def try_acquire(self, inputs: int, held: int = 0) -> int | None:
+        """Permits newly taken so that `inputs` are covered (a request larger than the capacity
+        takes all of it), counting the `held` ones already taken; None when they do not fit."""
+        wanted = min(max(inputs, 1), self.capacity) - held
+        if wanted <= 0:
+            return 0
         with self._lock:
             if self._used + wanted > self.capacity:
                 return None

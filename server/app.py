@@ -5,7 +5,6 @@ from __future__ import annotations
 from importlib import metadata
 
 from fastapi import FastAPI
-from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from server import errors
@@ -22,8 +21,11 @@ def create_app(rt: Runtime) -> FastAPI:
     )
     app.state.runtime = rt
     errors.install(app)
-    for module in (health, metrics, models, embeddings, classify, score, tokenize):
+    modules = (health, metrics, models, embeddings, classify, score, tokenize)
+    for module in modules:
         app.include_router(module.router)
+    # The paths metrics label requests with; anything else is "other", so labels stay bounded.
+    app.state.route_paths = {getattr(r, "path", "") for m in modules for r in m.router.routes}
     return app
 
 
@@ -34,5 +36,4 @@ def with_middleware(app: FastAPI) -> ASGIApp:
     inner: ASGIApp = BodyLimit(app, rt)
     if key:
         inner = ApiKeyGuard(inner, key)
-    routes = {route.path for route in app.routes if isinstance(route, BaseRoute) and hasattr(route, "path")}
-    return RequestTracking(inner, rt, routes)
+    return RequestTracking(inner, rt, app.state.route_paths)

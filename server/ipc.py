@@ -40,6 +40,7 @@ class EngineSpec:
     threads: int
     max_batch_tokens: int
     max_batch_size: int
+    nice: int = 0
 
 
 class EngineUnavailable(Exception):

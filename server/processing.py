@@ -79,7 +79,7 @@ class Context:
             raise bad_request(f"'{field}' has {inputs} inputs, more than the limit of {limit} per request", field)
         if self.admission is None:
             return
-        permits = self.admission.try_acquire(inputs)
+        permits = self.admission.try_acquire(inputs, held=self.admitted)
         if permits is None:
             raise overloaded()
         self.admitted += permits

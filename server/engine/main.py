@@ -26,6 +26,9 @@ IMPORTED_BY_PID = os.getpid()
 def run(conn: Connection, spec: EngineSpec) -> None:
     # The HTTP process owns shutdown: SIGINT from a terminal must not kill the engine mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The HTTP process must get a core the moment it has work (probes, 429s, tokenizing): the
+    # engine yields to it and still takes every idle cycle.
+    os.nice(spec.nice)
     started = time.monotonic()
     try:
         model = PoolingModel(load_model_info(spec.model_path), spec.threads)

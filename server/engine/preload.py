@@ -1,5 +1,8 @@
 """Modules the model-load path imports lazily, imported here so the forkserver pays for them once.
 
+The served architecture's own modelling module is added to the forkserver's preload list by
+the orchestrator (it knows the model's config.json).
+
 On this machine `from_pretrained` of a 90 MB model spends most of its time in such imports
 (DESIGN.md §8); forked engines then find them in sys.modules.
 """
@@ -19,8 +22,6 @@ LAZY = [
     "transformers.masking_utils",
     "transformers.modeling_layers",
     "transformers.generation.utils",
-    "transformers.models.bert.modeling_bert",
-    "transformers.models.xlm_roberta.modeling_xlm_roberta",
 ]
 
 transformers.utils.logging.disable_progress_bar()

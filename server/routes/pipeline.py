@@ -16,8 +16,7 @@ from typing import Any, Generic, TypeVar
 from fastapi import Request
 from fastapi.responses import Response
 
-from server import processing
-from server.errors import ClientDisconnected
+from server.errors import APIError, ClientDisconnected
 from server.ipc import Outcome
 from server.processing import Context
 from server.runtime import Timings, json_response, runtime
@@ -49,14 +48,19 @@ async def serve(request: Request, prepare: Prepare, render: Render) -> Response:
     rt = runtime(request)
     timings = Timings()
     info, tokenizers = rt.loaded()
-    if rt.admission.full:  # refuse before reading or parsing anything
-        raise processing.overloaded()
     ctx = Context(info, tokenizers, rt.settings, rt.admission)
     try:
+        # Every request needs a permit for its first input: take it here, on the loop, so a full
+        # server refuses at once; the rest are taken after parsing, before tokenizing.
+        ctx.admit(1)
         prepared = await rt.run(prepare, await request.body(), ctx)
         timings.tokenization_ms = (time.perf_counter() - timings.started) * 1000
         outcome = await _unless_disconnected(request, rt.pool(prepared.tokens, timings))
         body = await rt.run(render, prepared, outcome, ctx)
+    except APIError as exc:
+        if exc.status == 429:
+            rt.metrics.rejections.labels(reason="overloaded").inc()
+        raise
     finally:
         ctx.release()
     request.state.access = {"inputs": len(prepared.tokens), "tokens": prepared.n_tokens, "timings": timings}
@@ -73,6 +77,7 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         gone.cancel()
     if not task.done():
         task.cancel()
+        runtime(request).metrics.disconnects.inc()
         raise ClientDisconnected()
     return task.result()
 
