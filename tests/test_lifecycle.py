@@ -147,3 +147,38 @@ def test_broken_model_fails_its_phase_and_exits_nonzero(
         assert server.proc.returncode != 0
     finally:
         server.stop()
+
+
+def test_spawn_fallback_says_why_and_serves(model_dir: Path, log_path: Path) -> None:
+    server = ServerProcess(model_dir, log_path, start_method="spawn").wait_ready()
+    try:
+        detail = server.phase("forkserver")["detail"]
+        assert detail["method"] == "spawn"
+        assert "WARMPOOL_START_METHOD" in detail["fallback_reason"]
+        assert server.phase("engine")["detail"]["preloaded"] is False
+        assert '"event": "forkserver_unavailable"' in server.logs()
+        assert server.post("/v1/embeddings", json={"input": TEXTS}).status_code == 200
+    finally:
+        assert server.stop() == 0
+
+
+def test_too_many_engine_restarts_exit_nonzero(model_dir: Path, log_path: Path) -> None:
+    server = ServerProcess(model_dir, log_path, max_restarts=1, fail_linger=1).wait_ready()
+    try:
+        first = server.phase("engine")["detail"]["pid"]
+        os.kill(first, signal.SIGKILL)
+        second = wait_for(
+            lambda: (
+                (pid := server.phase("engine")["detail"]["pid"]) != first
+                and server.get("/health/ready").status_code == 200
+                and pid
+            ),
+            30,
+            "the first restart",
+        )
+        os.kill(second, signal.SIGKILL)
+        server.proc.wait(timeout=30)
+        assert server.proc.returncode != 0
+        assert "restarted" in server.logs()
+    finally:
+        server.stop()
