@@ -2,19 +2,24 @@
 
 Before each run the model's files are evicted from the page cache (posix_fadvise DONTNEED, no
 root needed). Prints medians and ratios measured in this run; never asserts.
-Usage: .venv/bin/python -m bench.coldstart [--runs 3] [--skip-prefetch]
+The prefetch part serves from a FUSE mount read-limited like a network volume (bench/slowfs.py;
+needs Debian's fuse3 and PyPI's mfusepy).
+Usage: .venv/bin/python -m bench.coldstart [--runs 3] [--skip-prefetch] [--volume-mb-s 200]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -118,7 +123,8 @@ def big_model(folder: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--skip-prefetch", action="store_true")
+    parser.add_argument("--skip-prefetch", action="store_true", help="skip the FUSE slow-volume part")
+    parser.add_argument("--volume-mb-s", type=float, default=200.0)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp())
     warm, naive, recoveries = [], [], []
@@ -142,19 +148,42 @@ def main() -> None:
     )
     if args.skip_prefetch:
         return
-    folder = big_model(tmp / "big")
-    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e9
-    print(f"prefetch, random-weight encoder of {size:.2f} GB (ready, seconds from launch):")
-    for prefetch in ("on", "off"):
-        for cache in ("cold", "warm"):
-            if cache == "warm":
-                for path in folder.rglob("*"):
-                    if path.is_file():
-                        path.read_bytes()
-            log = tmp / f"big-{prefetch}-{cache}.log"
-            marks, server = run_warmpool(folder, log, cache == "cold", prefetch=prefetch)
-            server.stop()
-            print(f"  prefetch {prefetch:3s} {cache}: ready {marks['ready']:.2f}")
+    big = big_model(tmp / "volume" / "big-encoder")
+    shutil.copytree(MODEL, tmp / "volume" / MODEL.name)
+    print(f"prefetch on a volume read-limited to {args.volume_mb_s:.0f} MB/s (FUSE), ready in seconds from launch:")
+    with slow_volume(tmp / "volume", tmp / "slow", args.volume_mb_s):
+        for name in (MODEL.name, big.name):
+            folder = tmp / "slow" / name
+            size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e9
+            ready = {}
+            for prefetch in ("on", "off"):
+                for cold in (True, False):
+                    log = tmp / f"{name}-{prefetch}-{cold}.log"
+                    marks, server = run_warmpool(folder, log, cold, prefetch=prefetch)
+                    server.stop()
+                    ready[(prefetch, cold)] = marks["ready"]
+            print(
+                f"  {name} ({size:.2f} GB): cold on {ready[('on', True)]:.2f} / off {ready[('off', True)]:.2f} "
+                f"(on/off {ready[('on', True)] / ready[('off', True)]:.2f}); "
+                f"warm on {ready[('on', False)]:.2f} / off {ready[('off', False)]:.2f}"
+            )
+
+
+@contextlib.contextmanager
+def slow_volume(source: Path, mountpoint: Path, mb_per_s: float) -> Iterator[None]:
+    mountpoint.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.slowfs", str(source), str(mountpoint), "--mb-per-s", str(mb_per_s)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: os.path.ismount(mountpoint), 30, "the FUSE mount")
+        yield
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
+        proc.wait(timeout=30)
 
 
 if __name__ == "__main__":
