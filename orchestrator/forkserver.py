@@ -15,19 +15,27 @@ from pathlib import Path
 import structlog
 
 from orchestrator.phases import Phases
+from server.modelinfo import ModelError, load_model_info
 
-# server.engine.main imports torch, transformers and the model-load path (server.engine.preload).
-PRELOAD = ["server.engine.main"]
+# server.engine.main imports torch and the engine; server.engine.preload adds transformers and the
+# modules its model-loading path would import lazily.
+ENGINE = "server.engine.main"
+TRANSFORMERS = "server.engine.preload"
 
 
 def preload_for(model_path: Path) -> list[str]:
-    """PRELOAD plus the served architecture's modelling module, which loading would import lazily."""
+    """What the forkserver imports ahead of the engine: torch and the engine for models served
+    natively (server.engine.bert), plus transformers and the architecture's module for the rest."""
     try:
-        model_type = json.loads((model_path / "config.json").read_text()).get("model_type", "")
-    except (OSError, ValueError, AttributeError):
-        return PRELOAD
-    name = str(model_type).replace("-", "_")
-    return [*PRELOAD, f"transformers.models.{name}.modeling_{name}"] if name.isidentifier() else PRELOAD
+        info = load_model_info(model_path)
+    except ModelError:
+        return [ENGINE, TRANSFORMERS]  # the engine phase will report the broken folder
+    if info.native:
+        return [ENGINE]
+    config = json.loads((model_path / "config.json").read_text())
+    name = str(config.get("model_type", "")).replace("-", "_")
+    modeling = [f"transformers.models.{name}.modeling_{name}"] if name.isidentifier() else []
+    return [ENGINE, TRANSFORMERS, *modeling]
 
 
 log = structlog.get_logger("warmpool.forkserver")

@@ -33,6 +33,7 @@ class ModelInfo:
     pooling: PoolingMode = "mean"
     normalize: bool = False
     id2label: dict[int, str] = field(default_factory=dict)
+    native: bool = False  # served by server.engine.bert, without transformers
 
     @property
     def dimensions(self) -> int:
@@ -76,6 +77,24 @@ def load_model_info(path: Path) -> ModelInfo:
         pooling=pooling,
         normalize=normalize,
         id2label=id2label,
+        native=native_bert(path, config, kind),
+    )
+
+
+_NATIVE_ARCHITECTURES = {"BertModel", "BertForMaskedLM", "BertForPreTraining"}
+
+
+def native_bert(path: Path, config: dict[str, Any], kind: Kind) -> bool:
+    """A plain BERT (absolute positions, exact GELU) in one safetensors file: no transformers needed."""
+    architecture = (config.get("architectures") or ["BertModel"])[0]
+    wanted = {"BertForSequenceClassification"} if kind != "embedding" else _NATIVE_ARCHITECTURES
+    return (
+        config.get("model_type") == "bert"
+        and architecture in wanted
+        and config.get("position_embedding_type", "absolute") == "absolute"
+        and config.get("hidden_act") == "gelu"
+        and not config.get("is_decoder", False)
+        and (path / "model.safetensors").is_file()
     )
 
 

@@ -26,9 +26,12 @@ def test_prefetch_read_the_model_files(server: ServerProcess, model_dir) -> None
 
 
 def test_engine_was_forked_from_a_preloaded_forkserver(server: ServerProcess) -> None:
-    assert server.phase("forkserver")["detail"]["method"] == "forkserver"
+    forkserver = server.phase("forkserver")["detail"]
+    assert forkserver["method"] == "forkserver"
+    assert forkserver["preload"] == ["server.engine.main"]  # BERT runs natively: no transformers
     engine = server.phase("engine")["detail"]
     assert engine["preloaded"] is True, "the forkserver did not preload server.engine.main"
+    assert engine["backend"] == "native"
     assert engine["pid"] in server.children()
 
 

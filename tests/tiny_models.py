@@ -29,3 +29,18 @@ def build_classifier(dest: Path, tokenizer_from: Path, labels: list[str]) -> Pat
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_from / name, dest / name)
     return dest
+
+
+def build_distilbert(dest: Path, tokenizer_from: Path) -> Path:
+    """A plain (non-sentence-transformers) DistilBERT encoder: served through transformers."""
+    import torch
+    from transformers import DistilBertConfig, DistilBertModel
+
+    torch.manual_seed(7)
+    config = DistilBertConfig(
+        vocab_size=30522, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=128
+    )
+    DistilBertModel(config).eval().save_pretrained(dest)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_from / name, dest / name)
+    return dest

@@ -13,7 +13,6 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from server.engine import preload  # noqa: F401  (imports the model-load path ahead of time)
 from server.engine.batching import Item, split_by_length, take_batch
 from server.engine.model import PoolingModel
 from server.ipc import EngineSpec, Msg
@@ -31,7 +30,8 @@ def run(conn: Connection, spec: EngineSpec) -> None:
     os.nice(spec.nice)
     started = time.monotonic()
     try:
-        model = PoolingModel(load_model_info(spec.model_path), spec.threads)
+        info = load_model_info(spec.model_path)
+        model = PoolingModel(info, spec.threads)
         loaded = time.monotonic()
         conn.send(
             (
@@ -40,6 +40,7 @@ def run(conn: Connection, spec: EngineSpec) -> None:
                     "pid": os.getpid(),
                     "load_s": round(loaded - started, 3),
                     "preloaded": os.getpid() != IMPORTED_BY_PID,
+                    "backend": "native" if info.native else "transformers",
                 },
             )
         )

@@ -2,27 +2,39 @@
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoModel, AutoModelForSequenceClassification
 
+from server.engine import bert
 from server.engine.batching import Item
 from server.modelinfo import ModelError, ModelInfo, PoolingMode
 
 
 class PoolingModel:
+    """BERT-family models run on server.engine.bert; anything else on transformers."""
+
     def __init__(self, info: ModelInfo, threads: int) -> None:
         torch.set_num_threads(threads)
         self.info = info
-        loader = AutoModel if info.kind == "embedding" else AutoModelForSequenceClassification
-        try:
-            self.model = loader.from_pretrained(str(info.path), dtype=torch.float32)
-        except Exception as exc:  # transformers raises many types for a broken folder
-            raise ModelError(f"cannot load model from {info.path}: {type(exc).__name__}: {exc}") from exc
-        self.model.eval()
-        self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+        config = json.loads((info.path / "config.json").read_text())
+        self.pad_id = int(config.get("pad_token_id") or 0)
+        self.uses_types = bool(config.get("type_vocab_size"))
+        labels = None if info.kind == "embedding" else len(info.id2label)
+        self.model = bert.load(info.path, config, labels) if info.native else _transformers_model(info)
+
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+        """Last hidden states (embedding models) or logits (classifiers)."""
+        if self.info.native:
+            return self.model(ids, mask, types)  # type: ignore[no-any-return]
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        if self.uses_types:
+            inputs["token_type_ids"] = types
+        out = self.model(**inputs)
+        return out.logits if self.info.kind != "embedding" else out.last_hidden_state  # type: ignore[no-any-return]
 
     @torch.inference_mode()
     def forward(self, items: list[Item]) -> np.ndarray:
@@ -37,13 +49,10 @@ class PoolingModel:
             mask[row, :n] = 1
             if item.token_type_ids is not None:
                 types[row, :n] = torch.tensor(item.token_type_ids, dtype=torch.long)
-        inputs = {"input_ids": ids, "attention_mask": mask}
-        if getattr(self.model.config, "type_vocab_size", 0):
-            inputs["token_type_ids"] = types
-        out = self.model(**inputs)
+        out = self._run(ids, mask, types)
         if self.info.kind != "embedding":
-            return out.logits.float().numpy()
-        return pool(out.last_hidden_state, mask, self.info.pooling).float().numpy()
+            return out.float().numpy()
+        return pool(out, mask, self.info.pooling).float().numpy()
 
     def warm_up(self) -> float:
         """Pay first-call costs before readiness flips; return the per-call overhead in tokens.
@@ -77,3 +86,13 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: PoolingMode) -> torch.T
         return hidden.masked_fill(expanded == 0, -1e9).max(dim=1).values
     summed = (hidden * expanded).sum(dim=1)
     return summed / expanded.sum(dim=1).clamp(min=1e-9)
+
+
+def _transformers_model(info: ModelInfo) -> Any:
+    from transformers import AutoModel, AutoModelForSequenceClassification  # only off the native path
+
+    loader = AutoModel if info.kind == "embedding" else AutoModelForSequenceClassification
+    try:
+        return loader.from_pretrained(str(info.path), dtype=torch.float32).eval()
+    except Exception as exc:  # transformers raises many types for a broken folder
+        raise ModelError(f"cannot load model from {info.path}: {type(exc).__name__}: {exc}") from exc
