@@ -105,7 +105,7 @@ def big_model(folder: Path) -> Path:
     """A ~1.3 GB random-weight BERT-large-shaped encoder with the embedded model's tokenizer."""
     from transformers import BertConfig, BertModel
 
-    from tests.tiny_models import TOKENIZER_FILES
+    from tests.tiny_models import save_with_tokenizer
 
     config = BertConfig(
         hidden_size=1024,
@@ -114,10 +114,7 @@ def big_model(folder: Path) -> Path:
         intermediate_size=4096,
         max_position_embeddings=512,
     )
-    BertModel(config).save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        (folder / name).write_bytes((MODEL / name).read_bytes())
-    return folder
+    return save_with_tokenizer(BertModel(config), folder, MODEL)
 
 
 def main() -> None:

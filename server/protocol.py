@@ -31,18 +31,33 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class EmbeddingRequest(Body):
+class InputRequest(Body):
+    """The `input` every vLLM/OpenAI pooling route takes, with one clear error for a wrong shape."""
+
     input: TextOrTokens
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
-    user: str | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
 
     @field_validator("input", mode="before")
     @classmethod
     def _input_shape(cls, value: Any) -> Any:
         return check_input_shape(value)
+
+
+class EmbeddingRequest(InputRequest):
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+
+class PoolingRequest(InputRequest):
+    """vLLM's /pooling: answers the engine's raw output."""
+
+    encoding_format: Literal["float", "base64"] = "float"
+
+
+class ClassifyRequest(InputRequest):
+    pass
 
 
 def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -53,31 +68,6 @@ def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
             "content": {"application/json": {"schema": model.model_json_schema()}},
         }
     }
-
-
-class PoolingRequest(Body):
-    """vLLM's /pooling: answers the engine's raw output."""
-
-    input: TextOrTokens
-    model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    truncate_prompt_tokens: int | None = Field(None, ge=-1)
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _input_shape(cls, value: Any) -> Any:
-        return check_input_shape(value)
-
-
-class ClassifyRequest(Body):
-    input: TextOrTokens
-    model: str | None = None
-    truncate_prompt_tokens: int | None = Field(None, ge=-1)
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _input_shape(cls, value: Any) -> Any:
-        return check_input_shape(value)
 
 
 class ScoreRequest(Body):

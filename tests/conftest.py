@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server_process import ROOT, ServerProcess
+from tests.server_process import ROOT, ServerProcess, serving
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 MODEL_DIR = ROOT / "models" / "all-MiniLM-L6-v2"
@@ -24,11 +24,8 @@ def model_dir() -> Path:
 @pytest.fixture(scope="session")
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One embedding server shared by every test that only sends requests."""
-    proc = ServerProcess(model_dir, tmp_path_factory.mktemp("logs") / "server.log")
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
+    with serving(model_dir, tmp_path_factory.mktemp("logs") / "server.log") as proc:
+        yield proc
 
 
 @pytest.fixture(scope="session")
@@ -54,11 +51,8 @@ def cross_encoder_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="session")
 def classifier_server(classifier_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(classifier_dir, tmp_path_factory.mktemp("logs") / "classifier.log")
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
+    with serving(classifier_dir, tmp_path_factory.mktemp("logs") / "classifier.log") as proc:
+        yield proc
 
 
 API_KEY = "s3cret-test-key"
@@ -69,11 +63,7 @@ def cross_encoder_server(cross_encoder_dir: Path, tmp_path_factory: pytest.TempP
     """Also the API-key server: the key comes from a file, as from a mounted secret."""
     secrets = tmp_path_factory.mktemp("secrets")
     (secrets / "api-key").write_text(API_KEY + "\n")
-    proc = ServerProcess(
-        cross_encoder_dir, tmp_path_factory.mktemp("logs") / "cross.log", api_key_file=secrets / "api-key"
-    )
-    proc.client.headers["authorization"] = f"Bearer {API_KEY}"
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.stop()
+    log = tmp_path_factory.mktemp("logs") / "cross.log"
+    with serving(cross_encoder_dir, log, api_key_file=secrets / "api-key") as proc:
+        proc.client.headers["authorization"] = f"Bearer {API_KEY}"
+        yield proc

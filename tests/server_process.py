@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,13 @@ class ServerProcess:
         self.client.close()
         self._log.close()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def serving(model: Path | str, log_path: Path, **settings: Any) -> Iterator[ServerProcess]:
+    """A ready server for the duration of the block, stopped (SIGTERM) after it."""
+    proc = ServerProcess(model, log_path, **settings)
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()

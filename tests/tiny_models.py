@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
@@ -25,10 +26,7 @@ def build_classifier(dest: Path, tokenizer_from: Path, labels: list[str]) -> Pat
         id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},
     )
-    BertForSequenceClassification(config).eval().save_pretrained(dest)
-    for name in TOKENIZER_FILES:
-        shutil.copy(tokenizer_from / name, dest / name)
-    return dest
+    return save_with_tokenizer(BertForSequenceClassification(config), dest, tokenizer_from)
 
 
 def build_distilbert(dest: Path, tokenizer_from: Path) -> Path:
@@ -40,7 +38,12 @@ def build_distilbert(dest: Path, tokenizer_from: Path) -> Path:
     config = DistilBertConfig(
         vocab_size=30522, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=128
     )
-    DistilBertModel(config).eval().save_pretrained(dest)
+    return save_with_tokenizer(DistilBertModel(config), dest, tokenizer_from)
+
+
+def save_with_tokenizer(model: Any, dest: Path, tokenizer_from: Path) -> Path:
+    """A model folder as a hub download looks: weights, config and the embedded model's tokenizer."""
+    model.eval().save_pretrained(dest)
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_from / name, dest / name)
     return dest
