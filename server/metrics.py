@@ -70,7 +70,7 @@ class Metrics:
         )
         self.batch_tokens = Histogram(
             "warmpool_batch_tokens",
-            "Padded tokens per engine forward pass",
+            "Tokens per engine forward pass (with padding, where the backend pads)",
             buckets=BATCH_TOKENS,
             registry=registry,
         )

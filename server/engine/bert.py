@@ -4,12 +4,16 @@ On these machines `import transformers` plus its model-loading path costs ~3 s o
 start, more than torch itself; TEI likewise ships its own model implementations. The module
 names mirror transformers' BertModel so checkpoints load by name; any model this does not cover
 (see server.modelinfo.native_bert) is loaded with transformers instead.
+
+Batches run packed, without padding: every linear layer (nearly all of the work) sees only real
+tokens, and only attention lays them out on a padded grid, as TEI does with varlen attention.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,51 @@ from torch import nn
 from server.modelinfo import ModelError
 
 
+@dataclass(frozen=True)
+class Packed:
+    """Every token of every input, one after another, and where each sits on a padded grid."""
+
+    ids: torch.Tensor  # [T]
+    types: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    seq: torch.Tensor  # [T]: which input the token belongs to
+    slots: torch.Tensor  # [T]: its cell in a [B * longest] grid
+    starts: torch.Tensor  # [B]
+    lengths: torch.Tensor  # [B]
+    mask: torch.Tensor  # [B, longest]: True on real tokens
+    longest: int
+
+    @property
+    def batch(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @staticmethod
+    def of(inputs: list[tuple[list[int], list[int] | None]]) -> Packed:
+        lengths = torch.tensor([len(ids) for ids, _ in inputs], dtype=torch.long)
+        longest = int(lengths.max())
+        starts = torch.cumsum(lengths, 0) - lengths
+        seq = torch.repeat_interleave(torch.arange(len(inputs)), lengths)
+        positions = torch.arange(int(lengths.sum())) - starts[seq]
+        types = [t if t is not None else [0] * len(ids) for ids, t in inputs]
+        return Packed(
+            ids=torch.tensor([i for ids, _ in inputs for i in ids], dtype=torch.long),
+            types=torch.tensor([t for row in types for t in row], dtype=torch.long),
+            positions=positions,
+            seq=seq,
+            slots=seq * longest + positions,
+            starts=starts,
+            lengths=lengths,
+            mask=torch.arange(longest)[None, :] < lengths[:, None],
+            longest=longest,
+        )
+
+    def grid(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """[T, H] -> [B, longest, H], padding cells set to `fill`."""
+        out = x.new_full((self.batch * self.longest, x.shape[-1]), fill)
+        out[self.slots] = x
+        return out.view(self.batch, self.longest, x.shape[-1])
+
+
 class Embeddings(nn.Module):
     def __init__(self, c: dict[str, Any]) -> None:
         super().__init__()
@@ -30,9 +79,8 @@ class Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(c.get("type_vocab_size", 2), hidden)
         self.LayerNorm = nn.LayerNorm(hidden, eps=c.get("layer_norm_eps", 1e-12))
 
-    def forward(self, ids: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        x = self.word_embeddings(ids) + self.token_type_embeddings(types) + self.position_embeddings(positions)
+    def forward(self, p: Packed) -> torch.Tensor:
+        x = self.word_embeddings(p.ids) + self.token_type_embeddings(p.types) + self.position_embeddings(p.positions)
         return self.LayerNorm(x)  # type: ignore[no-any-return]
 
 
@@ -44,16 +92,16 @@ class SelfAttention(nn.Module):
         self.key = nn.Linear(hidden, hidden)
         self.value = nn.Linear(hidden, hidden)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        batch, length, hidden = x.shape
+    def forward(self, x: torch.Tensor, p: Packed, bias: torch.Tensor) -> torch.Tensor:
+        hidden = x.shape[-1]
 
         def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, length, self.heads, hidden // self.heads).transpose(1, 2)
+            return p.grid(t).view(p.batch, p.longest, self.heads, hidden // self.heads).transpose(1, 2)
 
         context = F.scaled_dot_product_attention(
             heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_mask=bias
         )
-        return context.transpose(1, 2).reshape(batch, length, hidden)
+        return context.transpose(1, 2).reshape(p.batch * p.longest, hidden)[p.slots]
 
 
 class DenseNorm(nn.Module):
@@ -89,8 +137,8 @@ class Layer(nn.Module):
         self.intermediate = Intermediate(hidden, c["intermediate_size"])
         self.output = DenseNorm(c["intermediate_size"], hidden, eps)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        x = self.attention.output(self.attention.self(x, bias), x)
+    def forward(self, x: torch.Tensor, p: Packed, bias: torch.Tensor) -> torch.Tensor:
+        x = self.attention.output(self.attention.self(x, p, bias), x)
         return self.output(F.gelu(self.intermediate.dense(x)), x)  # type: ignore[no-any-return]
 
 
@@ -107,7 +155,7 @@ class Pooler(nn.Module):
 
 
 class Bert(nn.Module):
-    """Returns the last hidden states, or classifier logits when built with labels."""
+    """Returns the packed last hidden states [T, H], or classifier logits [B, labels] with labels."""
 
     def __init__(self, c: dict[str, Any], num_labels: int | None) -> None:
         super().__init__()
@@ -118,15 +166,15 @@ class Bert(nn.Module):
             self.classifier = nn.Linear(c["hidden_size"], num_labels)
         self.num_labels = num_labels
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-        x = self.embeddings(ids, types)
+    def forward(self, p: Packed) -> torch.Tensor:
+        x = self.embeddings(p)
         # Additive mask: padded keys get the dtype's minimum, so softmax gives them zero weight.
-        bias = (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        bias = (~p.mask)[:, None, None, :].to(x.dtype) * torch.finfo(x.dtype).min
         for layer in self.encoder.layer:
-            x = layer(x, bias)
+            x = layer(x, p, bias)
         if not self.num_labels:
             return x
-        return self.classifier(torch.tanh(self.pooler.dense(x[:, 0])))  # type: ignore[no-any-return]
+        return self.classifier(torch.tanh(self.pooler.dense(x[p.starts])))  # type: ignore[no-any-return]
 
 
 def load(folder: Path, config: dict[str, Any], num_labels: int | None) -> Bert:

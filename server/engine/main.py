@@ -91,7 +91,7 @@ def _handle(message: tuple[str, Any], pending: deque[Item]) -> bool:
 
 
 def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item], overhead: float) -> None:
-    for group in split_by_length(batch, overhead):
+    for group in [batch] if model.packed else split_by_length(batch, overhead):
         t0 = time.perf_counter()
         try:
             vectors = model.forward(group)
@@ -106,9 +106,15 @@ def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item], overhea
                     vectors,
                     {
                         "batch_size": len(group),
-                        "batch_tokens": max(len(i.input_ids) for i in group) * len(group),
+                        "batch_tokens": _tokens(group, model.packed),
                         "inference_ms": (time.perf_counter() - t0) * 1000,
                     },
                 ),
             )
         )
+
+
+def _tokens(group: list[Item], packed: bool) -> int:
+    """Tokens the forward pass computed on: the real ones when packed, padded ones otherwise."""
+    lengths = [len(item.input_ids) for item in group]
+    return sum(lengths) if packed else max(lengths) * len(lengths)

@@ -26,19 +26,23 @@ class PoolingModel:
         labels = None if info.kind == "embedding" else len(info.id2label)
         self.model = bert.load(info.path, config, labels) if info.native else _transformers_model(info)
 
-    def _run(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-        """Last hidden states (embedding models) or logits (classifiers)."""
-        if self.info.native:
-            return self.model(ids, mask, types)  # type: ignore[no-any-return]
-        inputs = {"input_ids": ids, "attention_mask": mask}
-        if self.uses_types:
-            inputs["token_type_ids"] = types
-        out = self.model(**inputs)
-        return out.logits if self.info.kind != "embedding" else out.last_hidden_state  # type: ignore[no-any-return]
+    @property
+    def packed(self) -> bool:
+        """Native models run without padding, so the batcher need not split by length."""
+        return self.info.native
 
     @torch.inference_mode()
     def forward(self, items: list[Item]) -> np.ndarray:
-        """One padded forward pass; rows in the order of items, float32."""
+        """One forward pass; rows in the order of items, float32."""
+        if self.info.native:
+            packed = bert.Packed.of([(item.input_ids, item.token_type_ids) for item in items])
+            out = self.model(packed)
+            if self.info.kind != "embedding":
+                return out.float().numpy()  # type: ignore[no-any-return]
+            return pool_packed(out, packed, self.info.pooling).float().numpy()
+        return self._forward_padded(items)
+
+    def _forward_padded(self, items: list[Item]) -> np.ndarray:
         longest = max(len(item.input_ids) for item in items)
         ids = torch.full((len(items), longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(items), longest), dtype=torch.long)
@@ -49,10 +53,13 @@ class PoolingModel:
             mask[row, :n] = 1
             if item.token_type_ids is not None:
                 types[row, :n] = torch.tensor(item.token_type_ids, dtype=torch.long)
-        out = self._run(ids, mask, types)
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        if self.uses_types:
+            inputs["token_type_ids"] = types
+        out = self.model(**inputs)
         if self.info.kind != "embedding":
-            return out.float().numpy()
-        return pool(out, mask, self.info.pooling).float().numpy()
+            return out.logits.float().numpy()  # type: ignore[no-any-return]
+        return pool(out.last_hidden_state, mask, self.info.pooling).float().numpy()
 
     def warm_up(self) -> float:
         """Pay first-call costs before readiness flips; return the per-call overhead in tokens.
@@ -86,6 +93,18 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: PoolingMode) -> torch.T
         return hidden.masked_fill(expanded == 0, -1e9).max(dim=1).values
     summed = (hidden * expanded).sum(dim=1)
     return summed / expanded.sum(dim=1).clamp(min=1e-9)
+
+
+def pool_packed(x: torch.Tensor, p: bert.Packed, mode: PoolingMode) -> torch.Tensor:
+    """pool() for a packed batch: the same arithmetic over each input's tokens."""
+    if mode == "cls":
+        return x[p.starts]
+    if mode == "lasttoken":
+        return x[p.starts + p.lengths - 1]
+    if mode == "max":
+        return p.grid(x, fill=-1e9).max(dim=1).values
+    sums = x.new_zeros((p.batch, x.shape[-1])).index_add_(0, p.seq, x)
+    return sums / p.lengths[:, None].to(x.dtype).clamp(min=1e-9)
 
 
 def _transformers_model(info: ModelInfo) -> Any:
