@@ -195,8 +195,9 @@ def load(folder: Path, config: dict[str, Any], num_labels: int | None) -> Bert:
     missing, _ = model.load_state_dict(state, strict=False, assign=True)
     if missing:
         raise ModelError(f"cannot load model from {folder}: weights missing for {missing[:5]}")
-    for layer in model.encoder.layer:
-        layer.attention.self.fuse()
+    for module in model.modules():
+        if isinstance(module, SelfAttention):
+            module.fuse()
     return model.eval()
 
 
