@@ -28,7 +28,7 @@ class PoolingModel:
 
     @property
     def packed(self) -> bool:
-        """Native models run without padding, so the batcher need not split by length."""
+        """Native models run without padding (batch_tokens counts real tokens for them)."""
         return self.info.native
 
     @torch.inference_mode()
