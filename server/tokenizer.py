@@ -53,17 +53,11 @@ class TokenizerPool:
             return [_tokens(tok.encode(texts[0], add_special_tokens=True))]
         return [_tokens(e) for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
 
-    def encode_pairs(self, pairs: list[tuple[str, str]]) -> list[Tokens]:
-        return [_tokens(e) for e in self.get().encode_batch_fast(pairs, add_special_tokens=True)]
-
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self.get().encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.get().decode(ids, skip_special_tokens=False)
-
-    def special_tokens(self, single: bool = True) -> int:
-        return self.get().num_special_tokens_to_add(is_pair=not single)
 
 
 def _tokens(encoding: Encoding) -> Tokens:
