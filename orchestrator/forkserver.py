@@ -6,7 +6,6 @@ start-up slower (+6.8 s), a background one saved 7.6 s (vLLM #40331).
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
@@ -32,8 +31,7 @@ def preload_for(model_path: Path) -> list[str]:
         return [ENGINE, TRANSFORMERS]  # the engine phase will report the broken folder
     if info.native:
         return [ENGINE]
-    config = json.loads((model_path / "config.json").read_text())
-    name = str(config.get("model_type", "")).replace("-", "_")
+    name = str(info.config.get("model_type", "")).replace("-", "_")
     modeling = [f"transformers.models.{name}.modeling_{name}"] if name.isidentifier() else []
     return [ENGINE, TRANSFORMERS, *modeling]
 

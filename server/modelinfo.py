@@ -34,6 +34,7 @@ class ModelInfo:
     normalize: bool = False
     id2label: dict[int, str] = field(default_factory=dict)
     native: bool = False  # served by server.engine.bert, without transformers
+    config: dict[str, Any] = field(default_factory=dict)  # config.json, parsed once
 
     @property
     def dimensions(self) -> int:
@@ -78,6 +79,7 @@ def load_model_info(path: Path) -> ModelInfo:
         normalize=normalize,
         id2label=id2label,
         native=native_bert(path, config, kind),
+        config=config,
     )
 
 

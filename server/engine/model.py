@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -20,7 +19,7 @@ class PoolingModel:
     def __init__(self, info: ModelInfo, threads: int) -> None:
         torch.set_num_threads(threads)
         self.info = info
-        config = json.loads((info.path / "config.json").read_text())
+        config = info.config
         self.pad_id = int(config.get("pad_token_id") or 0)
         self.uses_types = bool(config.get("type_vocab_size"))
         labels = None if info.kind == "embedding" else len(info.id2label)
