@@ -63,7 +63,7 @@ class Appliance(uvicorn.Server):
 
         workers.on_fatal = on_fatal
         workers.on_restart = rt.metrics.restarts.inc
-        engine_started = asyncio.wrap_future(_in_thread(workers.start_engine, "engine-start"))
+        engine_started = asyncio.wrap_future(_in_thread(workers.start_engines, "engine-start"))
         try:
             info, rt.tokenizers = await rt.run(_load_model_side, settings.model_path)
             rt.model = info

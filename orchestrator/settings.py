@@ -36,10 +36,16 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Request body limit (413 past it).")
 
+    engines: int = Field(
+        default_factory=lambda: min(2, os.cpu_count() or 1),
+        ge=1,
+        le=64,
+        description="Engine processes, each with its own copy of the model.",
+    )
     engine_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
         ge=1,
-        description="torch threads in the engine.",
+        description="torch threads of an engine working alone; busy together, each takes its share.",
     )
     engine_nice: int = Field(
         5, ge=0, le=19, description="Niceness of the engine, so the HTTP process gets a core at once."
@@ -73,6 +79,11 @@ class Settings(BaseSettings):
     @property
     def model_name(self) -> str:
         return self.served_model_name or Path(self.model.rstrip("/")).name
+
+    @property
+    def shared_engine_threads(self) -> int:
+        """Each engine's share of engine_threads while the others are busy too."""
+        return max(1, self.engine_threads // self.engines)
 
     @property
     def admission_permits(self) -> int:

@@ -7,6 +7,7 @@ upstream that raced with the main thread's imports, vLLM #40438) and stays up fo
 from __future__ import annotations
 
 import multiprocessing.process
+import queue
 import threading
 import time
 from collections import deque
@@ -34,55 +35,76 @@ class EngineStartError(Exception):
 
 
 class Workers:
+    """`settings.engines` engine processes, forked together, each restarted on its own when it dies."""
+
     def __init__(self, settings: Settings, phases: Phases, client: EngineClient, method: StartMethod) -> None:
         self.settings = settings
         self.phases = phases
         self.client = client
         self.method = method
-        self.spec = EngineSpec(
-            model_path=settings.model_path,
-            threads=settings.engine_threads,
-            max_batch_tokens=settings.max_batch_tokens,
-            max_batch_size=settings.max_batch_size,
-            nice=settings.engine_nice,
-        )
-        self.process: multiprocessing.process.BaseProcess | None = None
+        self.count = settings.engines
+        # One flag per engine, set while it runs a batch: engines size their torch pools by it.
+        self.busy = method.ctx.RawArray("b", self.count)  # type: ignore[attr-defined]
+        self.processes: list[multiprocessing.process.BaseProcess | None] = [None] * self.count
         self.restarts: deque[float] = deque()
         self.on_fatal: Callable[[str], None] = lambda reason: None
         self.on_restart: Callable[[], None] = lambda: None
         self._stopping = threading.Event()
-        self._lost = threading.Event()
+        self._lost: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         client.on_lost = self._engine_lost
 
-    def start_engine(self) -> None:
-        """First engine: blocks until it is warm (runs on its own thread)."""
-        self._launch(first=True)
+    def spec(self, slot: int) -> EngineSpec:
+        return EngineSpec(
+            model_path=self.settings.model_path,
+            slot=slot,
+            threads=self.settings.shared_engine_threads,
+            solo_threads=self.settings.engine_threads,
+            max_batch_tokens=self.settings.max_batch_tokens,
+            max_batch_size=self.settings.max_batch_size,
+            nice=self.settings.engine_nice,
+        )
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [p.pid if p else None for p in self.processes]
+
+    def start_engines(self) -> None:
+        """Fork every engine, let them load and warm up side by side; return when all are ready."""
+        forked = [self._fork(slot) for slot in range(self.count)]
+        self.phases.done("forkserver", preload=self.method.preload)
+        self.phases.start("engine", pids=self.pids, engines=self.count)
+        loaded = [self._expect(conn, process, Msg.LOADED) for process, conn in forked]
+        self.phases.done("engine", **{k: v for k, v in loaded[0].items() if k != "pid"}, up=0)
+        self.phases.start("warmup")
+        warm = [self._expect(conn, process, Msg.READY) for process, conn in forked]
+        self.phases.done("warmup", **max(warm, key=lambda w: w["warmup_s"]))
+        for slot, (_, conn) in enumerate(forked):
+            self._attach(slot, conn)
+        log.info("engines_ready", pids=self.pids)
         threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True).start()
 
-    def _launch(self, first: bool = False) -> None:
+    def _fork(self, slot: int) -> tuple[multiprocessing.process.BaseProcess, Connection]:
         parent, child = self.method.ctx.Pipe(duplex=True)
         process = self.method.ctx.Process(  # type: ignore[attr-defined]
-            target=entry.run, args=(child, self.spec), name="warmpool-engine", daemon=True
+            target=entry.run, args=(child, self.spec(slot), self.busy), name=f"warmpool-engine-{slot}", daemon=True
         )
         process.start()  # with forkserver, returns once the server has preloaded and forked
         child.close()
-        self.process = process
-        if first:
-            self.phases.done("forkserver", preload=self.method.preload)
-            self.phases.start("engine", pid=process.pid)
-        loaded = self._expect(parent, process, Msg.LOADED)
-        if first:
-            self.phases.done("engine", **loaded)
-            self.phases.start("warmup")
-        warm = self._expect(parent, process, Msg.READY)
-        if first:
-            self.phases.done("warmup", **warm)
-        else:
-            self.phases.update("engine", pid=loaded["pid"], restarts=len(self.restarts), **warm)
-            self.on_restart()
-        self.client.attach(parent)
+        self.processes[slot] = process
+        return process, parent
+
+    def _attach(self, slot: int, conn: Connection) -> None:
+        self.client.attach(slot, conn)
         self.phases.engine_up = True
-        log.info("engine_ready", pid=process.pid, restart=not first)
+        self.phases.update("engine", pids=self.pids, up=self.client.attached, restarts=len(self.restarts))
+
+    def _restart(self, slot: int) -> None:
+        process, conn = self._fork(slot)
+        self._expect(conn, process, Msg.LOADED)
+        self._expect(conn, process, Msg.READY)
+        self._attach(slot, conn)
+        self.on_restart()
+        log.info("engine_restarted", slot=slot, pid=process.pid)
 
     def _expect(self, conn: Connection, process: Any, wanted: str) -> dict[str, Any]:
         while not self._stopping.is_set():
@@ -100,19 +122,19 @@ class Workers:
                 raise EngineStartError(f"engine exited with code {process.exitcode} while starting")
         raise EngineStartError("stopping")
 
-    def _engine_lost(self) -> None:
-        self.phases.engine_up = False
+    def _engine_lost(self, slot: int) -> None:
+        """Runs on the dead engine's reader thread; the others keep serving meanwhile."""
+        self.busy[slot] = 0
+        self.phases.engine_up = self.client.attached > 0
+        self.phases.update("engine", up=self.client.attached)
         if not self._stopping.is_set():
-            log.error("engine_lost", pid=self.process.pid if self.process else None)
-            self._lost.set()
+            process = self.processes[slot]
+            log.error("engine_lost", slot=slot, pid=process.pid if process else None, up=self.client.attached)
+            self._lost.put(slot)
 
     def _supervise(self) -> None:
-        while True:
-            self._lost.wait()
-            self._lost.clear()
-            if self._stopping.is_set():
-                return
-            self._reap()
+        while (slot := self._lost.get()) is not None and not self._stopping.is_set():
+            self._reap(slot)
             try:
                 for attempt in Retrying(
                     retry=retry_if_exception_type(EngineStartError),
@@ -122,12 +144,12 @@ class Workers:
                     reraise=True,
                 ):
                     with attempt:
-                        self._launch()
+                        self._restart(slot)
             except Exception as exc:
                 if self._stopping.is_set():
                     return
                 reason = (
-                    f"engine restarted {len(self.restarts)} times within "
+                    f"engines restarted {len(self.restarts)} times within "
                     f"{self.settings.restart_window:.0f} s; last error: {exc}"
                 )
                 self.client.fail_all("the engine could not be restarted")
@@ -146,20 +168,22 @@ class Workers:
     def _restart_budget_spent(self, _: RetryCallState) -> bool:
         return self._stopping.is_set() or len(self.restarts) >= self.settings.max_restarts
 
-    def _reap(self) -> None:
-        if self.process is not None:
-            self.process.join(1.0)
-            if self.process.is_alive():
-                self.process.kill()
+    def _reap(self, slot: int) -> None:
+        process = self.processes[slot]
+        if process is not None:
+            process.join(1.0)
+            if process.is_alive():
+                process.kill()
 
     def stop(self) -> None:
-        """Stop the engine (let it finish its batch) and the forkserver; no process left behind."""
+        """Stop the engines (each finishes its batch) and the forkserver; no process left behind."""
         self._stopping.set()
-        self._lost.set()
+        self._lost.put(None)
         self.client.stop()
-        if self.process is not None:
-            self.process.join(STOP_GRACE_S)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(STOP_GRACE_S)
+        for process in self.processes:
+            if process is not None:
+                process.join(STOP_GRACE_S)
+                if process.is_alive():
+                    process.kill()
+                    process.join(STOP_GRACE_S)
         forkserver.stop(self.method)

@@ -1,7 +1,8 @@
-"""The HTTP <-> engine channel: one pipe per engine, a sender thread and a reader thread.
+"""The HTTP <-> engines channel: one pipe per engine, one sender thread, a reader thread per engine.
 
 Pickling and pipe writes happen on the sender thread and result bookkeeping on the reader
-thread, so the event loop only registers futures and receives finished requests.
+threads, so the event loop only registers futures and receives finished requests. Each input
+goes to the engine with the fewest tokens outstanding; a dead engine's inputs move to the others.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -37,14 +38,16 @@ class Msg:
 @dataclass(frozen=True)
 class EngineSpec:
     model_path: Path
-    threads: int
+    slot: int  # which engine of the group: its flag in the shared busy array
+    threads: int  # torch threads while other engines are busy too
+    solo_threads: int  # torch threads while it is the only busy engine
     max_batch_tokens: int
     max_batch_size: int
     nice: int = 0
 
 
 class EngineUnavailable(Exception):
-    """No engine can run this request now (none attached, or it died twice under it)."""
+    """No engine can run this request now (none attached, or engines died twice under it)."""
 
 
 class EngineFailed(Exception):
@@ -58,17 +61,36 @@ class Outcome:
     inference_ms: float
 
 
+Item = tuple[int, list[int], list[int] | None]  # key, input_ids, token_type_ids
+
+
 @dataclass(eq=False)
 class _Request:
     future: asyncio.Future[Outcome]
-    items: list[tuple[int, list[int], list[int] | None]]
+    items: list[Item]
     rows: list[np.ndarray | None]
     submitted: float = field(default_factory=time.perf_counter)
     inference_ms: float = 0.0
     attempts: int = 0
 
-    def missing(self) -> list[tuple[int, list[int], list[int] | None]]:
-        return [item for item, row in zip(self.items, self.rows, strict=True) if row is None]
+
+@dataclass(eq=False)
+class _Entry:
+    """One input on its way: its request, its row there, and the engine it was sent to."""
+
+    request: _Request
+    index: int
+    slot: int | None
+
+    @property
+    def item(self) -> Item:
+        return self.request.items[self.index]
+
+
+@dataclass(eq=False)
+class _Slot:
+    conn: Connection
+    load: int = 0  # tokens sent and not yet answered
 
 
 @dataclass
@@ -83,71 +105,86 @@ class EngineClient:
         self._loop = loop
         self._lock = threading.Lock()
         self._keys = itertools.count()
-        self._requests: dict[int, tuple[_Request, int]] = {}
-        self._conn: Connection | None = None
+        self._entries: dict[int, _Entry] = {}
+        self._slots: dict[int, _Slot] = {}
         self._outbox: queue.SimpleQueue[tuple[Connection, tuple[str, Any]] | None] = queue.SimpleQueue()
-        self.on_lost: Callable[[], None] = lambda: None
+        self.on_lost: Callable[[int], None] = lambda slot: None
         self.on_batch: Callable[[BatchStats], None] = lambda stats: None
         threading.Thread(target=self._send_loop, name="engine-sender", daemon=True).start()
 
     @property
-    def attached(self) -> bool:
-        return self._conn is not None
+    def attached(self) -> int:
+        """Engines taking work now."""
+        return len(self._slots)
 
     @property
     def queued_inputs(self) -> int:
         with self._lock:
-            return len(self._requests)
+            return len(self._entries)
 
-    def attach(self, conn: Connection) -> None:
-        """A new engine is ready: resend what the last one left unfinished, then read its results."""
+    def attach(self, slot: int, conn: Connection) -> None:
+        """An engine is ready: it takes what no live engine holds, then its share of new work."""
         with self._lock:
-            self._conn = conn
-            retry = [i for req in self._unique_requests() for i in req.missing()]
-        if retry:
-            self._outbox.put((conn, (Msg.SUBMIT, retry)))
-        threading.Thread(target=self._read_loop, args=(conn,), name="engine-reader", daemon=True).start()
+            self._slots[slot] = _Slot(conn)
+            self._dispatch([e for e in self._entries.values() if e.slot is None])
+        threading.Thread(target=self._read_loop, args=(slot, conn), name=f"engine-reader-{slot}", daemon=True).start()
 
     def submit(self, tokens: list[Tokens]) -> tuple[asyncio.Future[Outcome], list[int]]:
         """Queue one request's inputs; the future resolves with one row per input, in order."""
         future: asyncio.Future[Outcome] = self._loop.create_future()
+        keys = [next(self._keys) for _ in tokens]
+        items = [(k, t.input_ids, t.token_type_ids) for k, t in zip(keys, tokens, strict=True)]
+        request = _Request(future, items, [None] * len(items))
+        entries = [_Entry(request, index, None) for index in range(len(items))]
         with self._lock:
-            conn = self._conn
-            if conn is None:
+            if not self._slots:
                 raise EngineUnavailable("no engine is running")
-            keys = [next(self._keys) for _ in tokens]
-            items = [(k, t.input_ids, t.token_type_ids) for k, t in zip(keys, tokens, strict=True)]
-            request = _Request(future, items, [None] * len(items))
-            for index, key in enumerate(keys):
-                self._requests[key] = (request, index)
-        self._outbox.put((conn, (Msg.SUBMIT, items)))
+            self._entries.update(zip(keys, entries, strict=True))
+            self._dispatch(entries)
         return future, keys
 
     def cancel(self, keys: list[int]) -> None:
-        """Forget a request (its client left); the engine drops those inputs if still queued."""
+        """Forget a request (its client left); engines drop those inputs if still queued."""
+        by_slot: dict[int, list[int]] = {}
         with self._lock:
             for key in keys:
-                self._requests.pop(key, None)
-            conn = self._conn
-        if conn is not None:
-            self._outbox.put((conn, (Msg.CANCEL, keys)))
+                entry = self._entries.pop(key, None)
+                if entry is not None and entry.slot in self._slots:
+                    self._slots[entry.slot].load -= len(entry.item[1])
+                    by_slot.setdefault(entry.slot, []).append(key)
+            for slot, dropped in by_slot.items():
+                self._outbox.put((self._slots[slot].conn, (Msg.CANCEL, dropped)))
 
     def stop(self) -> None:
         with self._lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            self._outbox.put((conn, (Msg.STOP, None)))
+            slots, self._slots = self._slots, {}
+        for slot in slots.values():
+            self._outbox.put((slot.conn, (Msg.STOP, None)))
         self._outbox.put(None)
 
     def fail_all(self, reason: str) -> None:
         with self._lock:
-            requests = self._unique_requests()
-            self._requests.clear()
+            requests = self._requests_of(self._entries.values())
+            self._entries.clear()
         for req in requests:
             self._settle(req, EngineUnavailable(reason))
 
-    def _unique_requests(self) -> list[_Request]:
-        return list({id(req): req for req, _ in self._requests.values()}.values())
+    def _dispatch(self, entries: list[_Entry]) -> None:
+        """Each input to the engine with the fewest tokens outstanding (caller holds the lock)."""
+        if not self._slots or not entries:
+            return
+        batches: dict[int, list[Item]] = {}
+        for entry in entries:
+            slot = min(self._slots, key=lambda s: self._slots[s].load)
+            entry.slot = slot
+            self._slots[slot].load += len(entry.item[1])
+            batches.setdefault(slot, []).append(entry.item)
+        for slot, items in batches.items():
+            self._outbox.put((self._slots[slot].conn, (Msg.SUBMIT, items)))
+
+    @staticmethod
+    def _requests_of(entries: Iterable[_Entry]) -> list[_Request]:
+        return list({id(e.request): e.request for e in entries}.values())
 
     def _send_loop(self) -> None:
         while (job := self._outbox.get()) is not None:
@@ -156,7 +193,7 @@ class EngineClient:
             with contextlib.suppress(OSError, ValueError):
                 conn.send(message)
 
-    def _read_loop(self, conn: Connection) -> None:
+    def _read_loop(self, slot: int, conn: Connection) -> None:
         while True:
             try:
                 kind, body = conn.recv()
@@ -167,18 +204,21 @@ class EngineClient:
             elif kind == Msg.ERROR:
                 self._on_error(*body)
         conn.close()
-        self._on_lost(conn)
+        self._on_lost(slot, conn)
 
     def _on_result(self, keys: list[int], vectors: np.ndarray, stats: dict[str, Any]) -> None:
         done: list[_Request] = []
+        share = stats["inference_ms"] / len(keys)
         with self._lock:
             for row, key in enumerate(keys):
-                entry = self._requests.pop(key, None)
+                entry = self._entries.pop(key, None)
                 if entry is None:
                     continue
-                req, index = entry
-                req.rows[index] = vectors[row]
-                req.inference_ms += stats["inference_ms"] / len(keys)
+                if entry.slot in self._slots:
+                    self._slots[entry.slot].load -= len(entry.item[1])
+                req = entry.request
+                req.rows[entry.index] = vectors[row]
+                req.inference_ms += share
                 if all(r is not None for r in req.rows):
                     done.append(req)
         self.on_batch(BatchStats(stats["batch_size"], stats["batch_tokens"], stats["inference_ms"]))
@@ -190,29 +230,39 @@ class EngineClient:
 
     def _on_error(self, keys: list[int], message: str) -> None:
         with self._lock:
-            failed = {id(e[0]): e[0] for k in keys if (e := self._requests.pop(k, None))}
-            for req in failed.values():
-                for key, *_ in req.items:
-                    self._requests.pop(key, None)
-        for req in failed.values():
+            failed = self._requests_of(e for k in keys if (e := self._entries.get(k)))
+            self._forget(failed)
+        for req in failed:
             self._settle(req, EngineFailed(message))
 
-    def _on_lost(self, conn: Connection) -> None:
-        """Requests the dead engine held are retried once on the next engine, else answered 503."""
+    def _forget(self, requests: list[_Request]) -> None:
+        """Drop every input of these requests (caller holds the lock)."""
+        for req in requests:
+            for key, ids, _ in req.items:
+                entry = self._entries.pop(key, None)
+                if entry is not None and entry.slot in self._slots:
+                    self._slots[entry.slot].load -= len(ids)
+
+    def _on_lost(self, slot: int, conn: Connection) -> None:
+        """A dead engine's inputs move to the live ones, once per request; a second loss is a 503."""
         with self._lock:
-            if self._conn is not conn:
+            if slot not in self._slots or self._slots[slot].conn is not conn:
                 return  # stopped on purpose, or already replaced
-            self._conn = None
+            del self._slots[slot]
+            orphans = [e for e in self._entries.values() if e.slot == slot]
             given_up = []
-            for req in self._unique_requests():
+            for req in self._requests_of(orphans):
                 req.attempts += 1
                 if req.attempts > 1:
                     given_up.append(req)
-                    for key, *_ in req.items:
-                        self._requests.pop(key, None)
+            self._forget(given_up)
+            orphans = [e for e in orphans if e.request.attempts <= 1]
+            for entry in orphans:
+                entry.slot = None
+            self._dispatch(orphans)
         for req in given_up:
-            self._settle(req, EngineUnavailable("the engine died twice while running this request"))
-        self.on_lost()
+            self._settle(req, EngineUnavailable("engines died twice while running this request"))
+        self.on_lost(slot)
 
     def _settle(self, req: _Request, result: Outcome | Exception) -> None:
         def settle() -> None:

@@ -10,11 +10,13 @@ import signal
 import time
 import traceback
 from collections import deque
+from collections.abc import MutableSequence
 from multiprocessing.connection import Connection
 from typing import Any
 
 from server.engine.batching import Item, split_by_length, take_batch
 from server.engine.model import PoolingModel
+from server.engine.threads import ThreadShare
 from server.ipc import EngineSpec, Msg
 from server.modelinfo import ModelError, load_model_info
 
@@ -22,7 +24,7 @@ from server.modelinfo import ModelError, load_model_info
 IMPORTED_BY_PID = os.getpid()
 
 
-def run(conn: Connection, spec: EngineSpec) -> None:
+def run(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -> None:
     # The HTTP process owns shutdown: SIGINT from a terminal must not kill the engine mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The HTTP process must get a core the moment it has work (probes, 429s, tokenizing): the
@@ -32,6 +34,7 @@ def run(conn: Connection, spec: EngineSpec) -> None:
     try:
         info = load_model_info(spec.model_path)
         model = PoolingModel(info, spec.threads)
+        share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
         loaded = time.monotonic()
         conn.send(
             (
@@ -44,7 +47,9 @@ def run(conn: Connection, spec: EngineSpec) -> None:
                 },
             )
         )
+        share.working()
         overhead = model.warm_up()
+        share.idle()
         conn.send(
             (
                 Msg.READY,
@@ -57,15 +62,17 @@ def run(conn: Connection, spec: EngineSpec) -> None:
     except Exception as exc:
         conn.send((Msg.FAILED, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
         return
-    serve(conn, model, spec, overhead)
+    serve(conn, model, spec, overhead, share)
 
 
-def serve(conn: Connection, model: PoolingModel, spec: EngineSpec, overhead: float) -> None:
+def serve(conn: Connection, model: PoolingModel, spec: EngineSpec, overhead: float, share: ThreadShare) -> None:
     pending: deque[Item] = deque()
     while True:
         try:
-            if not pending and not _handle(conn.recv(), pending):
-                return
+            if not pending:
+                share.idle()
+                if not _handle(conn.recv(), pending):
+                    return
             while conn.poll(0):
                 if not _handle(conn.recv(), pending):
                     return
@@ -73,7 +80,7 @@ def serve(conn: Connection, model: PoolingModel, spec: EngineSpec, overhead: flo
             return  # the HTTP process is gone: nothing left to serve
         batch = take_batch(pending, spec.max_batch_tokens, spec.max_batch_size)
         if batch:
-            _run_batch(conn, model, batch, overhead)
+            _run_batch(conn, model, batch, overhead, share)
 
 
 def _handle(message: tuple[str, Any], pending: deque[Item]) -> bool:
@@ -90,11 +97,12 @@ def _handle(message: tuple[str, Any], pending: deque[Item]) -> bool:
     return True
 
 
-def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item], overhead: float) -> None:
+def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item], overhead: float, share: ThreadShare) -> None:
     # Packed batches waste nothing on padding, but sorted sub-batches still pay: results stream
     # back group by group instead of 32 at once, so the HTTP loop never takes a burst of renders
     # (one group per batch measured probe p99 16-18 ms at 32 clients, against 5-11 ms split).
     for group in split_by_length(batch, overhead):
+        share.working()
         t0 = time.perf_counter()
         try:
             vectors = model.forward(group)

@@ -1,0 +1,35 @@
+"""torch threads for an engine that shares the machine with other engines.
+
+Engines that each keep to their share of the cores run faster together than one engine on
+all of them: fewer barriers per operator, and a core taken by the HTTP process stalls one
+engine's thread instead of every thread of a single engine (bench/load.py, closing note of
+issue 2). An engine alone at work still uses every core, so one client's latency keeps it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableSequence
+
+import torch
+
+
+class ThreadShare:
+    """Marks this engine busy or idle in the shared flags and sizes torch's pool to match."""
+
+    def __init__(self, busy: MutableSequence[int], slot: int, shared: int, solo: int) -> None:
+        self.busy = busy
+        self.slot = slot
+        self.shared = shared
+        self.solo = solo
+        self.current = torch.get_num_threads()
+
+    def working(self) -> None:
+        """Called before each forward pass: re-read who else is busy."""
+        self.busy[self.slot] = 1
+        wanted = self.solo if sum(self.busy) == 1 else self.shared
+        if wanted != self.current:
+            torch.set_num_threads(wanted)
+            self.current = wanted
+
+    def idle(self) -> None:
+        self.busy[self.slot] = 0
