@@ -2,7 +2,7 @@
 
 Prints ratios against sentence-transformers `encode` (batch 32, same thread count) measured in
 the same run, before and after the server runs; never asserts.
-Usage: .venv/bin/python -m bench.load [--seconds 15] [--clients 1,8,32]
+Usage: .venv/bin/python -m bench.load [--seconds 15] [--clients 1,8,32] [--engines N]
 """
 
 from __future__ import annotations
@@ -77,13 +77,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--engines", type=int, help="WARMPOOL_ENGINES (default: the server's)")
     args = parser.parse_args()
     texts = sentences(2000)
     threads = os.cpu_count() or 1
     before = raw_model(texts[:640], threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        server = ServerProcess(MODEL, Path(tmp) / "server.log", log_level="warning").wait_ready()
+        extra = {"engines": args.engines} if args.engines else {}
+        server = ServerProcess(MODEL, Path(tmp) / "server.log", log_level="warning", **extra).wait_ready()
         try:
             for clients in (int(c) for c in args.clients.split(",")):
                 rows.append((clients, asyncio.run(load(server.port, clients, args.seconds, texts))))

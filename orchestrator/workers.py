@@ -68,13 +68,17 @@ class Workers:
     def pids(self) -> list[int | None]:
         return [p.pid if p else None for p in self.processes]
 
+    def _detail(self) -> dict[str, Any]:
+        """The engine phase's detail: `pid` is the first engine's (DESIGN §6), `pids` all of them."""
+        return {"pid": self.pids[0], "pids": self.pids, "up": self.client.attached, "restarts": len(self.restarts)}
+
     def start_engines(self) -> None:
         """Fork every engine, let them load and warm up side by side; return when all are ready."""
         forked = [self._fork(slot) for slot in range(self.count)]
         self.phases.done("forkserver", preload=self.method.preload)
-        self.phases.start("engine", pids=self.pids, engines=self.count)
+        self.phases.start("engine", engines=self.count, **self._detail())
         loaded = [self._expect(conn, process, Msg.LOADED) for process, conn in forked]
-        self.phases.done("engine", **{k: v for k, v in loaded[0].items() if k != "pid"}, up=0)
+        self.phases.done("engine", **{k: v for k, v in loaded[0].items() if k != "pid"})
         self.phases.start("warmup")
         warm = [self._expect(conn, process, Msg.READY) for process, conn in forked]
         self.phases.done("warmup", **max(warm, key=lambda w: w["warmup_s"]))
@@ -96,7 +100,7 @@ class Workers:
     def _attach(self, slot: int, conn: Connection) -> None:
         self.client.attach(slot, conn)
         self.phases.engine_up = True
-        self.phases.update("engine", pids=self.pids, up=self.client.attached, restarts=len(self.restarts))
+        self.phases.update("engine", **self._detail())
 
     def _restart(self, slot: int) -> None:
         process, conn = self._fork(slot)
@@ -126,7 +130,7 @@ class Workers:
         """Runs on the dead engine's reader thread; the others keep serving meanwhile."""
         self.busy[slot] = 0
         self.phases.engine_up = self.client.attached > 0
-        self.phases.update("engine", up=self.client.attached)
+        self.phases.update("engine", **self._detail())
         if not self._stopping.is_set():
             process = self.processes[slot]
             log.error("engine_lost", slot=slot, pid=process.pid if process else None, up=self.client.attached)

@@ -33,7 +33,7 @@ def test_engine_was_forked_from_a_preloaded_forkserver(server: ServerProcess) ->
     assert engine["preloaded"] is True, "the forkserver did not preload server.engine.main"
     assert engine["backend"] == "native"
     assert len(engine["pids"]) == engine["engines"] == engine["up"] == 2  # the default on 2 cores
-    assert set(engine["pids"]) <= set(server.children())
+    assert set(engine["pids"]) <= set(server.children()) and engine["pid"] == engine["pids"][0]
 
 
 def test_probes_answer(server: ServerProcess) -> None:
