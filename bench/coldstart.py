@@ -90,7 +90,7 @@ def median(runs: list[dict], key: str) -> float:  # type: ignore[type-arg]
 
 def kill_recovery(server: ServerProcess) -> float:
     """Seconds from kill -9 of one engine until its replacement serves (the others serve meanwhile)."""
-    detail = server.phase("engine")["detail"]
+    detail = server.wait_engines()
     old, engines = detail["pids"][0], detail["engines"]
     started = time.monotonic()
     os.kill(old, signal.SIGKILL)

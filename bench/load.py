@@ -86,6 +86,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         extra = {"engines": args.engines} if args.engines else {}
         server = ServerProcess(MODEL, Path(tmp) / "server.log", log_level="warning", **extra).wait_ready()
+        server.wait_engines()
         try:
             for clients in (int(c) for c in args.clients.split(",")):
                 rows.append((clients, asyncio.run(load(server.port, clients, args.seconds, texts))))

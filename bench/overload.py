@@ -84,6 +84,7 @@ def main() -> None:
         server = ServerProcess(
             MODEL, Path(tmp) / "server.log", log_level="warning", max_concurrent_inputs=args.permits
         ).wait_ready()
+        server.wait_engines()
         try:
             capacity = asyncio.run(load(server.port, 32, 10, texts))["inputs_s"]
             r = asyncio.run(offered(server.port, 2 * capacity, args.seconds, texts))

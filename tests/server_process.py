@@ -81,6 +81,16 @@ class ServerProcess:
         wait_for(ready, timeout, "readiness")
         return self
 
+    def wait_engines(self, timeout: float = 60) -> dict[str, Any]:
+        """Readiness needs one engine; this waits for all of them. Returns the engine phase's detail."""
+
+        def all_up() -> dict[str, Any] | None:
+            detail: dict[str, Any] = self.phase("engine")["detail"]
+            return detail if detail["up"] == detail["engines"] else None
+
+        result: dict[str, Any] = wait_for(all_up, timeout, "every engine up")
+        return result
+
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 

@@ -29,7 +29,7 @@ def test_engine_was_forked_from_a_preloaded_forkserver(server: ServerProcess) ->
     forkserver = server.phase("forkserver")["detail"]
     assert forkserver["method"] == "forkserver"
     assert forkserver["preload"] == ["server.engine.main"]  # BERT runs natively: no transformers
-    engine = server.phase("engine")["detail"]
+    engine = server.wait_engines()
     assert engine["preloaded"] is True, "the forkserver did not preload server.engine.main"
     assert engine["backend"] == "native"
     assert len(engine["pids"]) == engine["engines"] == engine["up"] == 2  # the default on 2 cores

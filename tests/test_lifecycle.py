@@ -57,7 +57,7 @@ def test_live_answers_before_the_engine_is_loaded(model_dir: Path, log_path: Pat
 def test_kill_engine_under_load_recovers(model_dir: Path, log_path: Path, engines: int) -> None:
     """One engine: 503s while it re-forks. Two: the survivor takes the dead one's inputs, no request fails."""
     server = ServerProcess(model_dir, log_path, engines=engines).wait_ready()
-    old_pids = server.phase("engine")["detail"]["pids"]
+    old_pids = server.wait_engines()["pids"]
     victim = old_pids[-1]
     statuses: list[int] = []
     readiness: list[int] = []
