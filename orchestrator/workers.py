@@ -127,8 +127,9 @@ class Workers:
             if conn.poll(0.1):
                 try:
                     kind, body = conn.recv()
-                except (EOFError, OSError):
-                    continue  # the exit code below tells why
+                except (EOFError, OSError):  # it died: its exit code tells why
+                    process.join(STOP_GRACE_S)
+                    raise EngineStartError(f"engine exited with code {process.exitcode} while starting") from None
                 if kind == Msg.FAILED:
                     process.join(STOP_GRACE_S)
                     raise EngineStartError(str(body))

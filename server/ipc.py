@@ -222,11 +222,13 @@ class EngineClient:
                 if all(r is not None for r in req.rows):
                     done.append(req)
         self.on_batch(BatchStats(stats["batch_size"], stats["batch_tokens"], stats["inference_ms"]))
+        settled: list[tuple[_Request, Outcome | Exception]] = []
         for req in done:
             total_ms = (time.perf_counter() - req.submitted) * 1000
             inference_ms = min(req.inference_ms, total_ms)
             outcome = Outcome(np.stack(req.rows), total_ms - inference_ms, inference_ms)  # type: ignore[arg-type]
-            self._settle(req, outcome)
+            settled.append((req, outcome))
+        self._settle_all(settled)
 
     def _on_error(self, keys: list[int], message: str) -> None:
         with self._lock:
@@ -265,12 +267,19 @@ class EngineClient:
         self.on_lost(slot)
 
     def _settle(self, req: _Request, result: Outcome | Exception) -> None:
-        def settle() -> None:
-            if req.future.done():
-                return
-            if isinstance(result, Exception):
-                req.future.set_exception(result)
-            else:
-                req.future.set_result(result)
+        self._settle_all([(req, result)])
 
-        self._loop.call_soon_threadsafe(settle)
+    def _settle_all(self, results: list[tuple[_Request, Outcome | Exception]]) -> None:
+        """One wake-up of the event loop for all the requests a message finished."""
+
+        def settle() -> None:
+            for req, result in results:
+                if req.future.done():
+                    continue
+                if isinstance(result, Exception):
+                    req.future.set_exception(result)
+                else:
+                    req.future.set_result(result)
+
+        if results:
+            self._loop.call_soon_threadsafe(settle)

@@ -176,9 +176,10 @@ def test_too_many_engine_restarts_exit_nonzero(model_dir: Path, log_path: Path) 
         os.kill(first, signal.SIGKILL)
         second = wait_for(
             lambda: (
-                (pid := server.phase("engine")["detail"]["pids"][0]) != first
-                and server.phase("engine")["detail"]["restarts"] == 1
-                and pid
+                (detail := server.phase("engine")["detail"])["pids"][0] != first
+                and detail["restarts"] == 1
+                and detail["up"] == detail["engines"]
+                and detail["pids"][0]
             ),
             30,
             "the first restart",
