@@ -1,7 +1,7 @@
 """Throughput and latency at 1, 8 and 32 clients against the raw model, with a liveness prober.
 
 Prints ratios against sentence-transformers `encode` (batch 32, same thread count) measured in
-the same run, before and after the server runs; never asserts.
+the same run, right before and after each level; never asserts.
 Usage: .venv/bin/python -m bench.load [--seconds 15] [--clients 1,8,32] [--engines N]
 """
 
@@ -20,23 +20,29 @@ from bench.common import MODEL, Connection, Prober, pct, sentences
 from tests.server_process import ServerProcess
 
 
-def raw_model(texts: list[str], threads: int) -> tuple[float, float]:
-    """Sentences/s at batch 32 and single-sentence latency (ms) of the bare model."""
-    import torch
-    from sentence_transformers import SentenceTransformer
+class RawModel:
+    """sentence-transformers `encode` on the same sentences: the baseline every ratio divides by."""
 
-    torch.set_num_threads(threads)
-    model = SentenceTransformer(str(MODEL), device="cpu")
-    model.encode(texts[:64], batch_size=32)
-    started = time.perf_counter()
-    model.encode(texts, batch_size=32)
-    throughput = len(texts) / (time.perf_counter() - started)
-    singles = []
-    for text in texts[:100]:
-        t0 = time.perf_counter()
-        model.encode([text], batch_size=1)
-        singles.append((time.perf_counter() - t0) * 1000)
-    return throughput, statistics.median(singles)
+    def __init__(self, texts: list[str], threads: int) -> None:
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(threads)
+        self.texts = texts
+        self.model = SentenceTransformer(str(MODEL), device="cpu")
+        self.model.encode(texts[:64], batch_size=32)
+
+    def measure(self) -> tuple[float, float]:
+        """Sentences/s at batch 32 and single-sentence latency (ms)."""
+        started = time.perf_counter()
+        self.model.encode(self.texts, batch_size=32)
+        throughput = len(self.texts) / (time.perf_counter() - started)
+        singles = []
+        for text in self.texts[:100]:
+            t0 = time.perf_counter()
+            self.model.encode([text], batch_size=1)
+            singles.append((time.perf_counter() - t0) * 1000)
+        return throughput, statistics.median(singles)
 
 
 async def load(port: int, clients: int, seconds: float, texts: list[str]) -> dict[str, float]:
@@ -81,7 +87,10 @@ def main() -> None:
     args = parser.parse_args()
     texts = sentences(2000)
     threads = os.cpu_count() or 1
-    before = raw_model(texts[:640], threads)
+    raw = RawModel(texts[:640], threads)
+    # The machine drifts: the raw model runs before each level and after the last (the server
+    # idle meanwhile), and each level is compared with the runs just before and after it.
+    baselines = [raw.measure()]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         extra = {"engines": args.engines} if args.engines else {}
@@ -90,24 +99,27 @@ def main() -> None:
         try:
             for clients in (int(c) for c in args.clients.split(",")):
                 rows.append((clients, asyncio.run(load(server.port, clients, args.seconds, texts))))
+                baselines.append(raw.measure())
         finally:
             server.stop()
-    after = raw_model(texts[:640], threads)
-    raw_tput = (before[0] + after[0]) / 2
-    raw_single = (before[1] + after[1]) / 2
     print(
-        f"raw model ({threads} threads): {before[0]:.1f} / {after[0]:.1f} sentences/s at batch 32 "
-        f"(before/after), single sentence p50 {raw_single:.1f} ms"
+        f"raw model ({threads} threads), sentences/s at batch 32 before each level and after the last: "
+        + " / ".join(f"{b[0]:.1f}" for b in baselines)
     )
     print("clients  inputs/s  x_raw  p50_ms  p99_ms  probe_p50  probe_p99  probe_max  errors")
-    for clients, r in rows:
+    for i, (clients, r) in enumerate(rows):
+        raw_tput = (baselines[i][0] + baselines[i + 1][0]) / 2
         print(
             f"{clients:7d}  {r['inputs_s']:8.1f}  {r['inputs_s'] / raw_tput:5.2f}  {r['p50']:6.1f}  "
             f"{r['p99']:6.1f}  {r['probe_p50']:9.2f}  {r['probe_p99']:9.2f}  {r['probe_max']:9.2f}  "
             f"{r['errors']:6.0f}"
         )
         if clients == 1:
-            print(f"         1-client p50 - raw single-sentence p50 = {r['p50'] - raw_single:+.1f} ms")
+            raw_single = (baselines[i][1] + baselines[i + 1][1]) / 2
+            print(
+                f"         1-client p50 {r['p50']:.1f} ms - raw single-sentence p50 {raw_single:.1f} ms "
+                f"= {r['p50'] - raw_single:+.1f} ms"
+            )
 
 
 if __name__ == "__main__":

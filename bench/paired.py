@@ -1,0 +1,61 @@
+"""Two server configurations side by side: 32-client throughput in alternating rounds, paired ratios.
+
+The machine drifts by tens of percent within a minute, more than most changes are worth; two
+servers kept up at once and loaded in turn (ABBA...) see the same drift, so the per-round
+ratio B/A is far steadier than two separate runs. Never asserts.
+Usage: .venv/bin/python -m bench.paired --b engines=1 [--a ""] [--rounds 5] [--seconds 5] [--clients 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+from pathlib import Path
+
+from bench.common import MODEL, sentences
+from bench.load import load
+from tests.server_process import ServerProcess
+
+
+def settings(text: str) -> dict[str, str]:
+    """'engines=1,executor_threads=2' -> WARMPOOL_* settings for ServerProcess."""
+    return dict(pair.split("=", 1) for pair in text.split(",") if pair)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--a", default="", help="settings of A (default: the server's defaults)")
+    parser.add_argument("--b", required=True, help="settings of B, e.g. engines=1")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--clients", type=int, default=32)
+    args = parser.parse_args()
+    texts = sentences(2000)
+    configs = {"A": settings(args.a), "B": settings(args.b)}
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = {
+            name: ServerProcess(MODEL, Path(tmp) / f"{name}.log", log_level="warning", **cfg).wait_ready()
+            for name, cfg in configs.items()
+        }
+        results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+        try:
+            for server in servers.values():
+                server.wait_engines()
+            for round_ in range(args.rounds):
+                for name in "AB" if round_ % 2 == 0 else "BA":
+                    results[name].append(asyncio.run(load(servers[name].port, args.clients, args.seconds, texts)))
+        finally:
+            for server in servers.values():
+                server.stop()
+    for name, cfg in configs.items():
+        rate = statistics.mean(r["inputs_s"] for r in results[name])
+        probe = statistics.median(r["probe_p99"] for r in results[name])
+        print(f"{name} {cfg or 'defaults'}: {rate:.1f} inputs/s (mean), probe p99 {probe:.1f} ms (median of rounds)")
+    ratios = [b["inputs_s"] / a["inputs_s"] for a, b in zip(results["A"], results["B"], strict=True)]
+    print(f"B/A per round: {' '.join(f'{r:.2f}' for r in ratios)}; mean {statistics.mean(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()
