@@ -78,11 +78,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--permits", type=int, default=64)
+    parser.add_argument("--engines", type=int, help="WARMPOOL_ENGINES (default: the server's)")
     args = parser.parse_args()
     texts = sentences(2000)
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(
-            MODEL, Path(tmp) / "server.log", log_level="warning", max_concurrent_inputs=args.permits
+            MODEL,
+            Path(tmp) / "server.log",
+            log_level="warning",
+            max_concurrent_inputs=args.permits,
+            **({"engines": args.engines} if args.engines else {}),
         ).wait_ready()
         server.wait_engines()
         try:
