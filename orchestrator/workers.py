@@ -35,7 +35,7 @@ class EngineStartError(Exception):
 
 
 class Workers:
-    """`settings.engines` engine processes, forked together, each restarted on its own when it dies."""
+    """`settings.engines` engine processes from one forkserver, each restarted on its own when it dies."""
 
     def __init__(self, settings: Settings, phases: Phases, client: EngineClient, method: StartMethod) -> None:
         self.settings = settings
