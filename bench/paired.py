@@ -3,7 +3,10 @@
 The machine drifts by tens of percent within a minute, more than most changes are worth; two
 servers kept up at once and loaded in turn (ABBA...) see the same drift, so the per-round
 ratio B/A is far steadier than two separate runs. Never asserts.
-Usage: .venv/bin/python -m bench.paired --b engines=1 [--a ""] [--rounds 5] [--seconds 5] [--clients 32]
+To compare code, run B from another source tree, e.g. a worktree of the base commit:
+    git worktree add /tmp/base HEAD~1 && .venv/bin/python -m bench.paired --b-source /tmp/base
+Usage: .venv/bin/python -m bench.paired [--b engines=1] [--b-source DIR] [--a ""] [--rounds 5] [--seconds 5]
+       [--clients 32]
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.common import MODEL, sentences
+from bench.common import MODEL, ROOT, sentences
 from bench.load import load
 from tests.server_process import ServerProcess
 
@@ -27,16 +30,22 @@ def settings(text: str) -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--a", default="", help="settings of A (default: the server's defaults)")
-    parser.add_argument("--b", required=True, help="settings of B, e.g. engines=1")
+    parser.add_argument("--b", default="", help="settings of B, e.g. engines=1")
+    parser.add_argument("--b-source", type=Path, default=ROOT, help="source tree B runs from (default: this one)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--clients", type=int, default=32)
     args = parser.parse_args()
     texts = sentences(2000)
     configs = {"A": settings(args.a), "B": settings(args.b)}
+    sources = {"A": ROOT, "B": args.b_source.resolve()}
+    if configs["A"] == configs["B"] and sources["A"] == sources["B"]:
+        parser.error("A and B are the same: give --b settings or a --b-source tree")
     with tempfile.TemporaryDirectory() as tmp:
         servers = {
-            name: ServerProcess(MODEL, Path(tmp) / f"{name}.log", log_level="warning", **cfg).wait_ready()
+            name: ServerProcess(
+                MODEL, Path(tmp) / f"{name}.log", source=sources[name], log_level="warning", **cfg
+            ).wait_ready()
             for name, cfg in configs.items()
         }
         results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
@@ -52,7 +61,8 @@ def main() -> None:
     for name, cfg in configs.items():
         rate = statistics.mean(r["inputs_s"] for r in results[name])
         probe = statistics.median(r["probe_p99"] for r in results[name])
-        print(f"{name} {cfg or 'defaults'}: {rate:.1f} inputs/s (mean), probe p99 {probe:.1f} ms (median of rounds)")
+        where = "" if sources[name] == ROOT else f" from {sources[name]}"
+        print(f"{name} {cfg or 'defaults'}{where}: {rate:.1f} inputs/s (mean), probe p99 {probe:.1f} ms (median)")
     ratios = [b["inputs_s"] / a["inputs_s"] for a, b in zip(results["A"], results["B"], strict=True)]
     print(f"B/A per round: {' '.join(f'{r:.2f}' for r in ratios)}; mean {statistics.mean(ratios):.2f}")
 

@@ -40,7 +40,8 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: 
 
 
 class ServerProcess:
-    def __init__(self, model: Path | str, log_path: Path, **settings: Any) -> None:
+    def __init__(self, model: Path | str, log_path: Path, source: Path = ROOT, **settings: Any) -> None:
+        """`source`: the tree `python -m orchestrator` runs from (benchmarks compare commits with it)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPOOL_")}
@@ -52,7 +53,7 @@ class ServerProcess:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator"],
-            cwd=ROOT,
+            cwd=source,
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
