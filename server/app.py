@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from server import errors
+from server.direct import DirectRoutes
 from server.middleware import ApiKeyGuard, BodyLimit, RequestTracking
 from server.routes import classify, embeddings, health, metrics, models, score, tokenize
 from server.runtime import Runtime
@@ -24,8 +25,9 @@ def create_app(rt: Runtime) -> FastAPI:
     modules = (health, metrics, models, embeddings, classify, score, tokenize)
     for module in modules:
         app.include_router(module.router)
+    app.state.api_routes = [route for module in modules for route in module.router.routes]
     # The paths metrics label requests with; anything else is "other", so labels stay bounded.
-    app.state.route_paths = {getattr(r, "path", "") for m in modules for r in m.router.routes}
+    app.state.route_paths = {getattr(r, "path", "") for r in app.state.api_routes}
     return app
 
 
@@ -33,7 +35,7 @@ def with_middleware(app: FastAPI) -> ASGIApp:
     """The ASGI app uvicorn serves: tracking outermost, then the API key, then the body limit."""
     rt: Runtime = app.state.runtime
     key = rt.settings.resolved_api_key()
-    inner: ASGIApp = BodyLimit(app, rt)
+    inner: ASGIApp = BodyLimit(DirectRoutes(app, app.state.api_routes), rt)
     if key:
         inner = ApiKeyGuard(inner, key)
     return RequestTracking(inner, rt, app.state.route_paths)

@@ -90,31 +90,28 @@ def from_validation(errors: list[Any]) -> APIError:
 _UNION_TAGS = {"str", "int", "list", "float", "bool", "dict", "function-after"}
 
 
-def install(app: FastAPI) -> None:
-    async def api_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, APIError)
+def response_for(exc: Exception) -> JSONResponse:
+    """The OpenAI-shaped answer to any exception a route raised: FastAPI's handlers and the direct
+    routes (server.direct) both answer through this one function."""
+    if isinstance(exc, APIError):
         return error_response(exc)
-
-    async def validation(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError | ValidationError)
+    if isinstance(exc, RequestValidationError | ValidationError):
         return error_response(from_validation(list(exc.errors())))
-
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
+    if isinstance(exc, StarletteHTTPException):
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         return error_response(APIError(exc.status_code, detail, headers=dict(exc.headers or {})))
-
-    async def client_gone(_: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, ClientDisconnected):
         # Nobody reads this answer; 499 (nginx's "client closed request") marks it in logs and metrics.
         return error_response(APIError(499, "client closed the request", code="client_disconnected"))
+    log.exception("unhandled_error", error=str(exc), exc_info=exc)
+    return error_response(APIError(500, "internal error", code="internal_error"))
 
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled_error", error=str(exc))
-        return error_response(APIError(500, "internal error", code="internal_error"))
 
-    app.add_exception_handler(APIError, api_error)
-    app.add_exception_handler(RequestValidationError, validation)
-    app.add_exception_handler(ValidationError, validation)
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(ClientDisconnected, client_gone)
-    app.add_exception_handler(Exception, unexpected)
+def install(app: FastAPI) -> None:
+    async def handler(_: Request, exc: Exception) -> JSONResponse:
+        return response_for(exc)
+
+    # Exception is handled by Starlette's outermost middleware; the others by its inner one.
+    kinds = (APIError, RequestValidationError, ValidationError, StarletteHTTPException, ClientDisconnected, Exception)
+    for kind in kinds:
+        app.add_exception_handler(kind, handler)
