@@ -17,7 +17,7 @@ from typing import Any
 from server.engine.batching import Item, split_by_length, take_batch
 from server.engine.model import PoolingModel
 from server.engine.threads import ThreadShare
-from server.ipc import EngineSpec, Msg
+from server.ipc import EngineSpec, Msg, send
 from server.modelinfo import ModelError, load_model_info
 
 # The pid that imported this module: the forkserver's when preloading worked, the engine's otherwise.
@@ -36,7 +36,8 @@ def run(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -> None:
         model = PoolingModel(info, spec.threads)
         share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
         loaded = time.monotonic()
-        conn.send(
+        send(
+            conn,
             (
                 Msg.LOADED,
                 {
@@ -45,22 +46,23 @@ def run(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -> None:
                     "preloaded": os.getpid() != IMPORTED_BY_PID,
                     "backend": "native" if info.native else "transformers",
                 },
-            )
+            ),
         )
         share.working()
         overhead = model.warm_up()
         share.idle()
-        conn.send(
+        send(
+            conn,
             (
                 Msg.READY,
                 {"warmup_s": round(time.monotonic() - loaded, 3), "call_overhead_tokens": round(overhead, 1)},
-            )
+            ),
         )
     except ModelError as exc:
-        conn.send((Msg.FAILED, str(exc)))
+        send(conn, (Msg.FAILED, str(exc)))
         return
     except Exception as exc:
-        conn.send((Msg.FAILED, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
+        send(conn, (Msg.FAILED, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
         return
     serve(conn, model, spec, overhead, share)
 
@@ -107,9 +109,10 @@ def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item], overhea
         try:
             vectors = model.forward(group)
         except Exception as exc:  # a bad batch fails its requests, not the engine
-            conn.send((Msg.ERROR, ([item.key for item in group], f"{type(exc).__name__}: {exc}")))
+            send(conn, (Msg.ERROR, ([item.key for item in group], f"{type(exc).__name__}: {exc}")))
             continue
-        conn.send(
+        send(
+            conn,
             (
                 Msg.RESULT,
                 (
@@ -121,7 +124,7 @@ def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item], overhea
                         "inference_ms": (time.perf_counter() - t0) * 1000,
                     },
                 ),
-            )
+            ),
         )
 
 
