@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from orchestrator.phases import Phases
 from orchestrator.settings import Settings
 from server.admission import Admission
-from server.errors import APIError
+from server.errors import APIError, ClientDisconnected
 from server.ipc import BatchStats, EngineClient, EngineFailed, EngineUnavailable, Outcome
 from server.metrics import Metrics
 from server.modelinfo import ModelInfo
@@ -98,26 +98,45 @@ class Runtime:
             extra={"status": status, "phase": phase},
         )
 
-    async def pool(self, tokens: list[Tokens], timings: Timings) -> Outcome:
-        """Send inputs to the engine and wait; engine loss and timeouts become 503, never a hang."""
+    async def pool(self, tokens: list[Tokens], timings: Timings, abandon: asyncio.Future[Any] | None = None) -> Outcome:
+        """Send inputs to the engine and wait; engine loss and timeouts become 503, never a hang.
+
+        If `abandon` finishes first (the client left), the engine drops the inputs. One await on
+        the engine's future, with a timer and a callback, instead of wait_for inside asyncio.wait:
+        two tasks and their wake-ups fewer per request.
+        """
         if self.engine is None:
             raise self.unavailable()
         try:
             future, keys = self.engine.submit(tokens)
         except EngineUnavailable:
             raise self.unavailable() from None
+        stopped: list[str] = []
+
+        def stop(why: str) -> None:
+            if not future.done():
+                stopped.append(why)
+                future.cancel()
+
+        timer = asyncio.get_running_loop().call_later(self.settings.request_timeout, stop, "timeout")
+        if abandon is not None:
+            abandon.add_done_callback(lambda _: stop("client_gone"))
         try:
-            outcome = await asyncio.wait_for(future, self.settings.request_timeout)
-        except TimeoutError:
-            self.engine.cancel(keys)
-            raise self.unavailable("timed out waiting for the engine") from None
+            outcome = await future
         except asyncio.CancelledError:
             self.engine.cancel(keys)
+            if stopped == ["timeout"]:
+                raise self.unavailable("timed out waiting for the engine") from None
+            if stopped:
+                self.metrics.disconnects.inc()
+                raise ClientDisconnected() from None
             raise
         except EngineUnavailable as exc:
             raise self.unavailable(str(exc)) from None
         except EngineFailed as exc:
             raise APIError(500, f"the engine failed on this batch: {exc}", code="engine_error") from None
+        finally:
+            timer.cancel()
         timings.queue_ms = outcome.queue_ms
         timings.inference_ms = outcome.inference_ms
         self.metrics.queue_time.observe(outcome.queue_ms / 1000)

@@ -125,6 +125,24 @@ def test_disconnected_client_inputs_never_run(server: ServerProcess) -> None:
     assert after[("warmpool_inputs_in_flight", ())] == 0
 
 
+def test_request_past_its_timeout_gets_503_and_its_queued_inputs_are_dropped(model_dir: Path, tmp_path: Path) -> None:
+    server = ServerProcess(model_dir, tmp_path / "server.log", request_timeout=0.5, engines=1).wait_ready()
+    try:
+        before = metrics(server)
+        # ~48k tokens: three batches of the 16k-token budget, each well over the 0.5 s timeout.
+        r = server.post("/v1/embeddings", json={"input": [f"{LONG} {LONG} slow {i}" for i in range(200)]})
+        assert r.status_code == 503
+        assert r.json()["error"]["message"] == "timed out waiting for the engine"
+        wait_for(lambda: metrics(server)[("warmpool_queue_depth", ())] == 0, 30, "an empty queue")
+        # The batch under way still runs to its end; then short requests are answered again.
+        wait_for(lambda: server.post("/v1/embeddings", json={"input": "short"}).status_code == 200, 60, "a 200")
+        after = metrics(server)
+        assert moved(before, after, "warmpool_batch_size_sum") < 200  # the rest never ran
+        assert after[("warmpool_inputs_in_flight", ())] == 0
+    finally:
+        server.stop()
+
+
 def test_body_over_the_limit_is_413(server: ServerProcess) -> None:
     r = server.post("/v1/embeddings", json={"input": "x" * (3 * 1024 * 1024)})
     assert r.status_code == 413

@@ -9,21 +9,20 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from server.errors import APIError, ClientDisconnected
+from server.errors import APIError
 from server.ipc import Outcome
 from server.processing import Context
 from server.runtime import Timings, json_response, runtime
 from server.tokenizer import Tokens
 
 B = TypeVar("B")
-T = TypeVar("T")
 
 
 @dataclass
@@ -55,7 +54,11 @@ async def serve(request: Request, prepare: Prepare, render: Render) -> Response:
         ctx.admit(1)
         prepared = await rt.run(prepare, await request.body(), ctx)
         timings.tokenization_ms = (time.perf_counter() - timings.started) * 1000
-        outcome = await _unless_disconnected(request, rt.pool(prepared.tokens, timings))
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            outcome = await rt.pool(prepared.tokens, timings, abandon=gone)
+        finally:
+            gone.cancel()
         body = await rt.run(render, prepared, outcome, ctx)
     except APIError as exc:
         if exc.status == 429:
@@ -65,21 +68,6 @@ async def serve(request: Request, prepare: Prepare, render: Render) -> Response:
         ctx.release()
     request.state.access = {"inputs": len(prepared.tokens), "tokens": prepared.n_tokens, "timings": timings}
     return json_response(body, timings)
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await work, but give up (and so cancel the engine's queued inputs) if the client leaves."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_client_gone(request))
-    try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if not task.done():
-        task.cancel()
-        runtime(request).metrics.disconnects.inc()
-        raise ClientDisconnected()
-    return task.result()
 
 
 async def _client_gone(request: Request) -> None:
