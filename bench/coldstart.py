@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -58,7 +59,7 @@ def timeline(url: str, started: float, live_path: str, ready_path: str, proc: su
     return marks
 
 
-def run_warmpool(model: Path, log: Path, cold: bool = True, **settings: object) -> tuple[dict, ServerProcess]:  # type: ignore[type-arg]
+def run_warmpool(model: Path, log: Path, cold: bool = True, **settings: Any) -> tuple[dict, ServerProcess]:  # type: ignore[type-arg]
     if cold:
         evict(model)
     server = ServerProcess(model, log, log_level="warning", **settings)

@@ -1,8 +1,11 @@
 """Throughput and latency at 1, 8 and 32 clients against the raw model, with a liveness prober.
 
 Prints ratios against sentence-transformers `encode` (batch 32, same thread count) measured in
-the same run, right before and after each level; never asserts.
-Usage: .venv/bin/python -m bench.load [--seconds 15] [--clients 1,8,32] [--engines N]
+the same run; never asserts. This machine's speed drifts by tens of percent within a minute, so
+each level's time is split into windows that alternate with short raw-model runs (the server idle
+meanwhile): every window is compared with the raw runs just before and after it, and a level's
+ratio is the median of its windows'.
+Usage: .venv/bin/python -m bench.load [--seconds 15] [--windows 3] [--clients 1,8,32] [--engines N]
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import random
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import MODEL, Connection, Prober, pct, sentences
@@ -32,93 +36,135 @@ class RawModel:
         self.model = SentenceTransformer(str(MODEL), device="cpu")
         self.model.encode(texts[:64], batch_size=32)
 
-    def measure(self) -> tuple[float, float]:
-        """Sentences/s at batch 32 and single-sentence latency (ms)."""
+    def throughput(self) -> float:
+        """Sentences/s at batch 32."""
         started = time.perf_counter()
         self.model.encode(self.texts, batch_size=32)
-        throughput = len(self.texts) / (time.perf_counter() - started)
+        return len(self.texts) / (time.perf_counter() - started)
+
+    def single_latency(self) -> float:
+        """Median ms to encode one sentence alone."""
         singles = []
         for text in self.texts[:100]:
-            t0 = time.perf_counter()
+            started = time.perf_counter()
             self.model.encode([text], batch_size=1)
-            singles.append((time.perf_counter() - t0) * 1000)
-        return throughput, statistics.median(singles)
+            singles.append((time.perf_counter() - started) * 1000)
+        return statistics.median(singles)
 
 
-async def load(port: int, clients: int, seconds: float, texts: list[str]) -> dict[str, float]:
-    latencies: list[float] = []
-    errors = 0
+@dataclass
+class Window:
+    """One stretch of load: what the clients and the prober saw."""
+
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    probes: list[float] = field(default_factory=list)
+    errors: int = 0
+
+    @property
+    def inputs_s(self) -> float:
+        return len(self.latencies) / self.seconds if self.seconds else 0.0
+
+    @property
+    def probe_p99(self) -> float:
+        return pct(self.probes, 0.99)
+
+    def __add__(self, other: Window) -> Window:
+        return Window(
+            self.seconds + other.seconds,
+            self.latencies + other.latencies,
+            self.probes + other.probes,
+            self.errors + other.errors,
+        )
+
+
+async def load(port: int, clients: int, seconds: float, texts: list[str]) -> Window:
+    """`clients` keep-alive clients, one single-string request at a time each, for `seconds`."""
+    window = Window()
     deadline = time.perf_counter() + seconds
 
     async def client(seed: int) -> None:
-        nonlocal errors
         rng = random.Random(seed)
         conn = Connection(port)
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
             status, _, _ = await conn.post("/v1/embeddings", {"input": rng.choice(texts)})
             if status == 200:
-                latencies.append((time.perf_counter() - t0) * 1000)
+                window.latencies.append((time.perf_counter() - t0) * 1000)
             else:
-                errors += 1
+                window.errors += 1
         conn.close()
 
     prober = Prober(port)
     started = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(clients)))
-    elapsed = time.perf_counter() - started
-    probes = prober.stop()
-    return {
-        "inputs_s": len(latencies) / elapsed,
-        "p50": pct(latencies, 0.5),
-        "p99": pct(latencies, 0.99),
-        "probe_p50": pct(probes, 0.5),
-        "probe_p99": pct(probes, 0.99),
-        "probe_max": max(probes, default=float("nan")),
-        "errors": errors,
-    }
+    window.seconds = time.perf_counter() - started
+    window.probes = prober.stop()
+    return window
+
+
+@dataclass
+class Level:
+    clients: int
+    total: Window
+    ratios: list[float]  # each window's inputs/s over the raw runs around it
+    raw: list[float]  # raw-model sentences/s before the first window and after each
+
+
+def run_level(port: int, raw: RawModel, clients: int, seconds: float, windows: int, texts: list[str]) -> Level:
+    rates = [raw.throughput()]
+    total, ratios = Window(), []
+    for _ in range(windows):
+        window = asyncio.run(load(port, clients, seconds / windows, texts))
+        rates.append(raw.throughput())
+        ratios.append(window.inputs_s / statistics.mean(rates[-2:]))
+        total += window
+    return Level(clients, total, ratios, rates)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--seconds", type=float, default=15, help="load per level, all windows together")
+    parser.add_argument("--windows", type=int, default=3, help="raw-model runs interleaved per level")
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--engines", type=int, help="WARMPOOL_ENGINES (default: the server's)")
     args = parser.parse_args()
     texts = sentences(2000)
     threads = os.cpu_count() or 1
-    raw = RawModel(texts[:640], threads)
-    # The machine drifts: the raw model runs before each level and after the last (the server
-    # idle meanwhile), and each level is compared with the runs just before and after it.
-    baselines = [raw.measure()]
-    rows = []
+    raw = RawModel(texts[:320], threads)
+    levels: list[Level] = []
+    single: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         extra = {"engines": args.engines} if args.engines else {}
         server = ServerProcess(MODEL, Path(tmp) / "server.log", log_level="warning", **extra).wait_ready()
         server.wait_engines()
         try:
             for clients in (int(c) for c in args.clients.split(",")):
-                rows.append((clients, asyncio.run(load(server.port, clients, args.seconds, texts))))
-                baselines.append(raw.measure())
+                if clients == 1:
+                    single.append(raw.single_latency())
+                levels.append(run_level(server.port, raw, clients, args.seconds, args.windows, texts))
+                if clients == 1:
+                    single.append(raw.single_latency())
         finally:
             server.stop()
-    print(
-        f"raw model ({threads} threads), sentences/s at batch 32 before each level and after the last: "
-        + " / ".join(f"{b[0]:.1f}" for b in baselines)
-    )
-    print("clients  inputs/s  x_raw  p50_ms  p99_ms  probe_p50  probe_p99  probe_max  errors")
-    for i, (clients, r) in enumerate(rows):
-        raw_tput = (baselines[i][0] + baselines[i + 1][0]) / 2
+    print(f"raw model: sentence-transformers encode, batch 32, {threads} threads, sentences/s")
+    for level in levels:
+        print(f"  around the {level.clients}-client windows: " + " / ".join(f"{r:.1f}" for r in level.raw))
+    print("clients  inputs/s  x_raw (windows)     p50_ms  p99_ms  probe_p50  probe_p99  probe_max  errors")
+    for level in levels:
+        t = level.total
+        spread = "-".join(f"{r:.2f}" for r in (min(level.ratios), max(level.ratios)))
         print(
-            f"{clients:7d}  {r['inputs_s']:8.1f}  {r['inputs_s'] / raw_tput:5.2f}  {r['p50']:6.1f}  "
-            f"{r['p99']:6.1f}  {r['probe_p50']:9.2f}  {r['probe_p99']:9.2f}  {r['probe_max']:9.2f}  "
-            f"{r['errors']:6.0f}"
+            f"{level.clients:7d}  {t.inputs_s:8.1f}  {statistics.median(level.ratios):5.2f} ({spread})  "
+            f"{pct(t.latencies, 0.5):6.1f}  {pct(t.latencies, 0.99):6.1f}  {pct(t.probes, 0.5):9.2f}  "
+            f"{t.probe_p99:9.2f}  {max(t.probes, default=float('nan')):9.2f}  {t.errors:6d}"
         )
-        if clients == 1:
-            raw_single = (baselines[i][1] + baselines[i + 1][1]) / 2
+        if level.clients == 1 and single:
+            raw_single = statistics.mean(single)
+            p50 = pct(t.latencies, 0.5)
             print(
-                f"         1-client p50 {r['p50']:.1f} ms - raw single-sentence p50 {raw_single:.1f} ms "
-                f"= {r['p50'] - raw_single:+.1f} ms"
+                f"         1-client p50 {p50:.1f} ms - raw single-sentence p50 {raw_single:.1f} ms "
+                f"= {p50 - raw_single:+.1f} ms"
             )
 
 

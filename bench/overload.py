@@ -91,7 +91,7 @@ def main() -> None:
         ).wait_ready()
         server.wait_engines()
         try:
-            capacity = asyncio.run(load(server.port, 32, 10, texts))["inputs_s"]
+            capacity = asyncio.run(load(server.port, 32, 10, texts)).inputs_s
             r = asyncio.run(offered(server.port, 2 * capacity, args.seconds, texts))
         finally:
             server.stop()

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import MODEL, ROOT, sentences
-from bench.load import load
+from bench.load import Window, load
 from tests.server_process import ServerProcess
 
 
@@ -48,7 +48,7 @@ def main() -> None:
             ).wait_ready()
             for name, cfg in configs.items()
         }
-        results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+        results: dict[str, list[Window]] = {"A": [], "B": []}
         try:
             for server in servers.values():
                 server.wait_engines()
@@ -59,11 +59,11 @@ def main() -> None:
             for server in servers.values():
                 server.stop()
     for name, cfg in configs.items():
-        rate = statistics.mean(r["inputs_s"] for r in results[name])
-        probe = statistics.median(r["probe_p99"] for r in results[name])
+        rate = statistics.mean(r.inputs_s for r in results[name])
+        probe = statistics.median(r.probe_p99 for r in results[name])
         where = "" if sources[name] == ROOT else f" from {sources[name]}"
         print(f"{name} {cfg or 'defaults'}{where}: {rate:.1f} inputs/s (mean), probe p99 {probe:.1f} ms (median)")
-    ratios = [b["inputs_s"] / a["inputs_s"] for a, b in zip(results["A"], results["B"], strict=True)]
+    ratios = [b.inputs_s / a.inputs_s for a, b in zip(results["A"], results["B"], strict=True)]
     print(f"B/A per round: {' '.join(f'{r:.2f}' for r in ratios)}; mean {statistics.mean(ratios):.2f}")
 
 
