@@ -54,7 +54,7 @@ class Appliance(uvicorn.Server):
     async def boot(self) -> None:
         rt, phases, settings = self.rt, self.rt.phases, self.rt.settings
         loop = asyncio.get_running_loop()
-        rt.attach_engine(EngineClient(loop))
+        rt.attach_engine(EngineClient(loop, rt.executor))
         assert rt.engine is not None
         workers = self.workers = Workers(settings, phases, rt.engine, self.method)
 

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -67,6 +68,7 @@ class Outcome:
     vectors: np.ndarray
     queue_ms: float
     inference_ms: float
+    rendered: Any = None  # what the request's `then` made of it, on the executor
 
 
 Item = tuple[int, list[int], list[int] | None]  # key, input_ids, token_type_ids
@@ -77,6 +79,7 @@ class _Request:
     future: asyncio.Future[Outcome]
     items: list[Item]
     rows: list[np.ndarray | None]
+    then: Callable[[Outcome], Any] | None = None
     submitted: float = field(default_factory=time.perf_counter)
     inference_ms: float = 0.0
     attempts: int = 0
@@ -109,8 +112,9 @@ class BatchStats:
 
 
 class EngineClient:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, executor: Executor) -> None:
         self._loop = loop
+        self._executor = executor
         self._lock = threading.Lock()
         self._keys = itertools.count()
         self._entries: dict[int, _Entry] = {}
@@ -137,12 +141,19 @@ class EngineClient:
             self._dispatch([e for e in self._entries.values() if e.slot is None])
         threading.Thread(target=self._read_loop, args=(slot, conn), name=f"engine-reader-{slot}", daemon=True).start()
 
-    def submit(self, tokens: list[Tokens]) -> tuple[asyncio.Future[Outcome], list[int]]:
-        """Queue one request's inputs; the future resolves with one row per input, in order."""
+    def submit(
+        self, tokens: list[Tokens], then: Callable[[Outcome], Any] | None = None
+    ) -> tuple[asyncio.Future[Outcome], list[int]]:
+        """Queue one request's inputs; the future resolves with one row per input, in order.
+
+        `then` (response building) runs on the executor as soon as the last row arrives, and the
+        future resolves after it with its result in `rendered`: the loop wakes once per request
+        instead of once for the rows and again to hand them to the executor.
+        """
         future: asyncio.Future[Outcome] = self._loop.create_future()
         keys = [next(self._keys) for _ in tokens]
         items = [(k, t.input_ids, t.token_type_ids) for k, t in zip(keys, tokens, strict=True)]
-        request = _Request(future, items, [None] * len(items))
+        request = _Request(future, items, [None] * len(items), then)
         entries = [_Entry(request, index, None) for index in range(len(items))]
         with self._lock:
             if not self._slots:
@@ -235,8 +246,24 @@ class EngineClient:
             total_ms = (time.perf_counter() - req.submitted) * 1000
             inference_ms = min(req.inference_ms, total_ms)
             outcome = Outcome(np.stack(req.rows), total_ms - inference_ms, inference_ms)  # type: ignore[arg-type]
-            settled.append((req, outcome))
+            if req.then is None:
+                settled.append((req, outcome))
+                continue
+            try:
+                self._executor.submit(self._finish, req, outcome)
+            except RuntimeError as exc:  # the executor is shut down: the server is exiting
+                settled.append((req, exc))
         self._settle_all(settled)
+
+    def _finish(self, req: _Request, outcome: Outcome) -> None:
+        """On the executor: the request's `then`, then its future."""
+        assert req.then is not None
+        try:
+            outcome.rendered = req.then(outcome)
+        except Exception as exc:
+            self._settle(req, exc)
+            return
+        self._settle(req, outcome)
 
     def _on_error(self, keys: list[int], message: str) -> None:
         with self._lock:

@@ -98,17 +98,24 @@ class Runtime:
             extra={"status": status, "phase": phase},
         )
 
-    async def pool(self, tokens: list[Tokens], timings: Timings, abandon: asyncio.Future[Any] | None = None) -> Outcome:
+    async def pool(
+        self,
+        tokens: list[Tokens],
+        timings: Timings,
+        abandon: asyncio.Future[Any] | None = None,
+        then: Callable[[Outcome], Any] | None = None,
+    ) -> Outcome:
         """Send inputs to the engine and wait; engine loss and timeouts become 503, never a hang.
 
-        If `abandon` finishes first (the client left), the engine drops the inputs. One await on
-        the engine's future, with a timer and a callback, instead of wait_for inside asyncio.wait:
-        two tasks and their wake-ups fewer per request.
+        If `abandon` finishes first (the client left), the engine drops the inputs. `then` runs on
+        the executor on the engine's output (EngineClient.submit); its result comes back in
+        `Outcome.rendered`. One await on the engine's future, with a timer and a callback, instead
+        of wait_for inside asyncio.wait: two tasks and their wake-ups fewer per request.
         """
         if self.engine is None:
             raise self.unavailable()
         try:
-            future, keys = self.engine.submit(tokens)
+            future, keys = self.engine.submit(tokens, then)
         except EngineUnavailable:
             raise self.unavailable() from None
         stopped: list[str] = []

@@ -1,7 +1,9 @@
 """The request path every pooling route shares: prepare on the executor, engine, render on the executor.
 
 A route supplies two synchronous functions: `prepare(raw, ctx) -> Prepared` and
-`render(prepared, outcome, ctx) -> bytes`. Both run on the executor, never on the event loop.
+`render(prepared, outcome, ctx) -> bytes`. Both run on the executor, never on the event loop:
+prepare through Runtime.run, render handed to the executor by the engine client the moment the
+request's last row arrives.
 """
 
 from __future__ import annotations
@@ -56,10 +58,10 @@ async def serve(request: Request, prepare: Prepare, render: Render) -> Response:
         timings.tokenization_ms = (time.perf_counter() - timings.started) * 1000
         gone = asyncio.ensure_future(_client_gone(request))
         try:
-            outcome = await rt.pool(prepared.tokens, timings, abandon=gone)
+            outcome = await rt.pool(prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx))
         finally:
             gone.cancel()
-        body = await rt.run(render, prepared, outcome, ctx)
+        body = outcome.rendered
     except APIError as exc:
         if exc.status == 429:
             rt.metrics.rejections.labels(reason="overloaded").inc()
