@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import MODEL, Connection, Prober, pct, sentences
+from bench.common import MODEL, Connection, Prober, pct, run, sentences
 from tests.server_process import ServerProcess
 
 
@@ -115,7 +115,7 @@ def run_level(port: int, raw: RawModel, clients: int, seconds: float, windows: i
     rates = [raw.throughput()]
     total, ratios = Window(), []
     for _ in range(windows):
-        window = asyncio.run(load(port, clients, seconds / windows, texts))
+        window = run(load(port, clients, seconds / windows, texts))
         rates.append(raw.throughput())
         ratios.append(window.inputs_s / statistics.mean(rates[-2:]))
         total += window

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import MODEL, Connection, Prober, pct, sentences
+from bench.common import MODEL, Connection, Prober, pct, run, sentences
 from bench.load import load
 from tests.server_process import ServerProcess
 
@@ -91,8 +91,8 @@ def main() -> None:
         ).wait_ready()
         server.wait_engines()
         try:
-            capacity = asyncio.run(load(server.port, 32, 10, texts)).inputs_s
-            r = asyncio.run(offered(server.port, 2 * capacity, args.seconds, texts))
+            capacity = run(load(server.port, 32, 10, texts)).inputs_s
+            r = run(offered(server.port, 2 * capacity, args.seconds, texts))
         finally:
             server.stop()
     print(

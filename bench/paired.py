@@ -12,12 +12,11 @@ Usage: .venv/bin/python -m bench.paired [--b engines=1] [--b-source DIR] [--a ""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import tempfile
 from pathlib import Path
 
-from bench.common import MODEL, ROOT, sentences
+from bench.common import MODEL, ROOT, run, sentences
 from bench.load import Window, load
 from tests.server_process import ServerProcess
 
@@ -54,7 +53,7 @@ def main() -> None:
                 server.wait_engines()
             for round_ in range(args.rounds):
                 for name in "AB" if round_ % 2 == 0 else "BA":
-                    results[name].append(asyncio.run(load(servers[name].port, args.clients, args.seconds, texts)))
+                    results[name].append(run(load(servers[name].port, args.clients, args.seconds, texts)))
         finally:
             for server in servers.values():
                 server.stop()
