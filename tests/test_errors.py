@@ -57,6 +57,12 @@ def test_unknown_route_is_404_in_openai_shape(server: ServerProcess) -> None:
     assert_openai_error(server.get("/v1/nope"), 404)
 
 
+def test_wrong_method_on_a_pooling_route_is_405_in_openai_shape(server: ServerProcess) -> None:
+    """Pooling routes skip FastAPI's router (server/direct.py) only for their own method."""
+    assert_openai_error(server.get("/v1/embeddings"), 405)
+    assert set(server.get("/openapi.json").json()["paths"]) >= {"/v1/embeddings", "/pooling", "/health/live"}
+
+
 def test_empty_string_is_valid(server: ServerProcess) -> None:
     r = server.post("/v1/embeddings", json={"input": ""})
     assert r.status_code == 200
