@@ -1,4 +1,4 @@
-"""Dynamic batching: take what is queued, cap by a padded-token budget, sort by length to cut padding."""
+"""Dynamic batching: take what is queued, cap by a padded-token budget, cut into forward passes."""
 
 from __future__ import annotations
 
@@ -38,17 +38,16 @@ def take_batch(pending: deque[Item], max_tokens: int, max_size: int) -> list[Ite
 
 
 def split_by_tokens(batch: list[Item], budget: int = GROUP_TOKENS) -> list[list[Item]]:
-    """For packed models, which pay for real tokens only: sort by length (attention still runs on a
-    padded grid), then cut into the fewest groups of near-equal size within the token budget.
+    """For packed models, which pay for real tokens only: the fewest groups of near-equal size within
+    the token budget, oldest first (length does not matter, so neither does order).
 
-    Groups still stream back one by one, so the HTTP process renders while the engine computes.
+    Groups stream back one by one, so the HTTP process renders while the engine computes.
     """
-    ordered = sorted(batch, key=lambda item: len(item.input_ids))
-    total = sum(len(item.input_ids) for item in ordered)
+    total = sum(len(item.input_ids) for item in batch)
     target = total / max(1, -(-total // budget))  # ceil(total / budget) groups of equal share
     groups: list[list[Item]] = [[]]
     seen = 0
-    for item in ordered:
+    for item in batch:
         length = len(item.input_ids)
         if groups[-1] and seen + length / 2 > target * len(groups):
             groups.append([])
