@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 # What one forward call costs beyond its tokens, in tokens; the engine measures it at warm-up.
 DEFAULT_CALL_OVERHEAD_TOKENS = 16.0
-# Tokens per packed forward pass. Fewer calls amortise the per-call cost, but past a few hundred
-# tokens a layer's activations (tokens x intermediate size x 4 bytes: 2.4 MB at 384 x 1536) spill
-# out of a core's L2. Measured on all-MiniLM-L6-v2, one thread, batches of 2-16 inputs: 384 took
-# 0.94x the time of the padded-cost split below, which cuts packed batches needlessly small.
+# Tokens per packed forward pass. Bigger groups amortise per-call costs (alone, with no HTTP load,
+# one pass per batch ran ~10% faster), but results streamed back in smaller groups let the HTTP
+# process render while the engine computes. At 32 clients (bench.paired) 384 served 1.05x the
+# padded-cost split below and ~1.05x a 768 budget, with a lower probe p99.
 GROUP_TOKENS = 384
 
 
