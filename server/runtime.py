@@ -118,11 +118,12 @@ class Runtime:
             future, keys = self.engine.submit(tokens, then)
         except EngineUnavailable:
             raise self.unavailable() from None
-        stopped: list[str] = []
+        stopped_by: str | None = None  # why this method cancelled the future, if it did
 
         def stop(why: str) -> None:
+            nonlocal stopped_by
             if not future.done():
-                stopped.append(why)
+                stopped_by = why
                 future.cancel()
 
         timer = asyncio.get_running_loop().call_later(self.settings.request_timeout, stop, "timeout")
@@ -132,9 +133,9 @@ class Runtime:
             outcome = await future
         except asyncio.CancelledError:
             self.engine.cancel(keys)
-            if stopped == ["timeout"]:
+            if stopped_by == "timeout":
                 raise self.unavailable("timed out waiting for the engine") from None
-            if stopped:
+            if stopped_by == "client_gone":
                 self.metrics.disconnects.inc()
                 raise ClientDisconnected() from None
             raise
