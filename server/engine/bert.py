@@ -27,17 +27,15 @@ from server.modelinfo import ModelError
 
 @dataclass(frozen=True)
 class Packed:
-    """Every token of every input, one after another, and where each sits on a padded grid."""
+    """Every token of every input, one after another, and which input each belongs to."""
 
     ids: torch.Tensor  # [T]
     types: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     seq: torch.Tensor  # [T]: which input the token belongs to
-    slots: torch.Tensor  # [T]: its cell in a [B * longest] grid
     starts: torch.Tensor  # [B]
     lengths: torch.Tensor  # [B]
     spans: list[tuple[int, int]]  # (start, length) of each input, as Python ints
-    longest: int
 
     @property
     def batch(self) -> int:
@@ -46,7 +44,6 @@ class Packed:
     @staticmethod
     def of(inputs: list[tuple[list[int], list[int] | None]]) -> Packed:
         lengths = torch.tensor([len(ids) for ids, _ in inputs], dtype=torch.long)
-        longest = int(lengths.max())
         starts = torch.cumsum(lengths, 0) - lengths
         seq = torch.repeat_interleave(torch.arange(len(inputs)), lengths)
         positions = torch.arange(int(lengths.sum())) - starts[seq]
@@ -56,18 +53,17 @@ class Packed:
             types=torch.tensor([t for row in types for t in row], dtype=torch.long),
             positions=positions,
             seq=seq,
-            slots=seq * longest + positions,
             starts=starts,
             lengths=lengths,
             spans=list(zip(starts.tolist(), lengths.tolist(), strict=True)),
-            longest=longest,
         )
 
     def grid(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-        """[T, H] -> [B, longest, H], padding cells set to `fill`."""
-        out = x.new_full((self.batch * self.longest, x.shape[-1]), fill)
-        out[self.slots] = x
-        return out.view(self.batch, self.longest, x.shape[-1])
+        """[T, H] -> [B, longest, H], padding cells set to `fill` (max pooling needs the grid)."""
+        longest = int(self.lengths.max())
+        out = x.new_full((self.batch * longest, x.shape[-1]), fill)
+        out[self.seq * longest + self.positions] = x
+        return out.view(self.batch, longest, x.shape[-1])
 
 
 class Embeddings(nn.Module):
