@@ -109,14 +109,16 @@ def test_disconnected_client_inputs_never_run(server: ServerProcess) -> None:
     before = metrics(server)
     with ThreadPoolExecutor(1) as pool:
         blocker = pool.submit(server.post, "/v1/embeddings", json={"input": blocker_texts})
-        wait_for(lambda: metrics(server)[("warmpool_queue_depth", ())] >= 48, 30, "the blocker to queue")
+        # Rows stream back as they finish, so the queue depth falls from 48 at once: wait on the
+        # blocker having been sent (depth above 0) and on admission permits, which it holds to its end.
+        wait_for(lambda: metrics(server)[("warmpool_queue_depth", ())] > 0, 30, "the blocker to queue")
         body = b'{"input": ["left one", "left two", "left three"]}'
         with socket.create_connection(("127.0.0.1", server.port)) as raw:
             raw.sendall(
                 b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                 b"content-length: %d\r\n\r\n%s" % (len(body), body)
             )
-            wait_for(lambda: metrics(server)[("warmpool_queue_depth", ())] >= 51, 30, "the request to queue")
+            wait_for(lambda: metrics(server)[("warmpool_inputs_in_flight", ())] >= 51, 30, "the request to be admitted")
         assert blocker.result(timeout=120).status_code == 200
     wait_for(lambda: metrics(server)[("warmpool_queue_depth", ())] == 0, 30, "an empty queue")
     after = metrics(server)
