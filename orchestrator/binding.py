@@ -13,9 +13,11 @@ import socket
 import threading
 from typing import Any
 
-from orchestrator.phases import Phases
+from common.startup import StartupState
 
 _REASONS = {200: "OK", 503: "Service Unavailable"}
+# Says who answered: this stdlib thread, before the web stack is even imported (uvicorn says "uvicorn").
+SERVER_HEADER = "warmpool-early"
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -30,9 +32,9 @@ def bind(host: str, port: int) -> socket.socket:
 class EarlyResponder:
     """Minimal HTTP/1.1 answers (Connection: close) until uvicorn takes the socket over."""
 
-    def __init__(self, sock: socket.socket, phases: Phases) -> None:
+    def __init__(self, sock: socket.socket, startup: StartupState) -> None:
         self.sock = sock
-        self.phases = phases
+        self.startup = startup
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="early-responder", daemon=True)
 
@@ -64,7 +66,7 @@ class EarlyResponder:
             status, body = self._route(path.split("?")[0])
             payload = json.dumps(body).encode()
             conn.sendall(
-                f"HTTP/1.1 {status} {_REASONS[status]}\r\ncontent-type: application/json\r\n"
+                f"HTTP/1.1 {status} {_REASONS[status]}\r\nserver: {SERVER_HEADER}\r\ncontent-type: application/json\r\n"
                 f"content-length: {len(payload)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n".encode()
                 + payload
             )
@@ -75,8 +77,8 @@ class EarlyResponder:
         if path == "/health/live":
             return 200, {"status": "alive"}
         if path.startswith("/health"):
-            return 503, self.phases.snapshot()
-        phase = self.phases.current()
+            return 503, self.startup.snapshot()
+        phase = self.startup.current()
         error = {
             "message": f"server is starting (phase '{phase}')",
             "type": "service_unavailable",

@@ -1,7 +1,7 @@
 """Start the forkserver at t≈0 so its preload (torch, transformers, the engine) overlaps the rest.
 
-Started in the background, never on the critical path: upstream a synchronous start made
-start-up slower (+6.8 s), a background one saved 7.6 s (vLLM #40331).
+Started in the background, never on the critical path: in vLLM a synchronous forkserver start
+made start-up slower (+6.8 s), a background one saved 7.6 s on a 32B model.
 """
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ from pathlib import Path
 
 import structlog
 
-from orchestrator.phases import Phases
-from server.modelinfo import ModelError, load_model_info
+from common.modelfolder import ModelError, read_model_folder
+from common.startup import StartupState
 
-# server.engine.main imports torch and the engine; server.engine.preload adds transformers and the
+# engine.process imports torch and the engine; engine.transformers_preload adds transformers and the
 # modules its model-loading path would import lazily.
-ENGINE = "server.engine.main"
-TRANSFORMERS = "server.engine.preload"
+ENGINE = "engine.process"
+TRANSFORMERS = "engine.transformers_preload"
 
 
 def preload_for(model_path: Path) -> list[str]:
     """What the forkserver imports ahead of the engine: torch and the engine for models served
-    natively (server.engine.bert), plus transformers and the architecture's module for the rest."""
+    natively (engine.bert), plus transformers and the architecture's module for the rest."""
     try:
-        info = load_model_info(model_path)
+        info = read_model_folder(model_path)
     except ModelError:
         return [ENGINE, TRANSFORMERS]  # the engine phase will report the broken folder
     if info.native:
@@ -50,7 +50,7 @@ class StartMethod:
         return "spawn" if self.fallback_reason else "forkserver"
 
 
-def start(method: str, phases: Phases, preload: list[str]) -> StartMethod:
+def start(method: str, startup: StartupState, preload: list[str]) -> StartMethod:
     """Launch the forkserver now (returns at once); fall back to spawn and say why."""
     chosen = _choose(method, preload)
     if chosen.fallback_reason is None:
@@ -60,10 +60,10 @@ def start(method: str, phases: Phases, preload: list[str]) -> StartMethod:
             forkserver.ensure_running()
         except Exception as exc:
             chosen = StartMethod(multiprocessing.get_context("spawn"), f"forkserver failed: {exc}")
-    phases.start("forkserver", method=chosen.name)
+    startup.start("forkserver", method=chosen.name)
     if chosen.fallback_reason:
         log.warning("forkserver_unavailable", reason=chosen.fallback_reason)
-        phases.update("forkserver", fallback_reason=chosen.fallback_reason)
+        startup.update("forkserver", fallback_reason=chosen.fallback_reason)
     return chosen
 
 

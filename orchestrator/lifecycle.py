@@ -1,4 +1,4 @@
-"""Bind early, boot in the background, drain on SIGTERM/SIGINT, exit with a code that means something."""
+"""uvicorn on the early-bound socket, plus warmpool's boot, supervision wiring, drain and exit codes."""
 
 from __future__ import annotations
 
@@ -6,37 +6,72 @@ import asyncio
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import structlog
 import uvicorn
 
+from common.modelfolder import ModelError, ModelFolder, read_model_folder
+from common.settings import Settings
+from common.startup import StartupState
 from orchestrator.binding import EarlyResponder
 from orchestrator.forkserver import StartMethod
-from orchestrator.phases import Phases
-from orchestrator.settings import Settings
-from orchestrator.workers import EngineStartError, Workers
+from orchestrator.supervisor import EngineStartError, EngineSupervisor
 from server.app import create_app, with_middleware
-from server.ipc import EngineClient
-from server.modelinfo import ModelError, ModelInfo, load_model_info
-from server.runtime import Runtime
+from server.engine_client import BatchStats, EngineClient
+from server.services import ServedModel, Services
 from server.tokenizer import TokenizerPool
 
 log = structlog.get_logger("warmpool.lifecycle")
 
 
-class Appliance(uvicorn.Server):
-    """uvicorn's server plus warmpool's boot, supervision and drain."""
+class EngineWiring:
+    """Connects one model's engine client and its supervisor, which know nothing of each other:
+    the client's events go to the supervisor and the metrics, the supervisor's to the client."""
 
-    def __init__(self, config: uvicorn.Config, rt: Runtime, method: StartMethod) -> None:
+    def __init__(self, services: Services, on_fatal: Callable[[str], None]) -> None:
+        self.services = services
+        self.on_fatal = on_fatal
+        self.client: EngineClient | None = None
+        self.supervisor: EngineSupervisor | None = None
+
+    # EngineEvents (engine client, on its reader threads)
+    def batch_done(self, stats: BatchStats) -> None:
+        self.services.batch_done(stats)
+
+    def engine_lost(self, slot: int) -> None:
+        assert self.supervisor is not None
+        self.supervisor.engine_lost(slot)
+
+    # SupervisorEvents (supervisor threads)
+    def engine_ready(self, slot: int, conn: Connection) -> None:
+        assert self.client is not None
+        self.client.attach(slot, conn)
+
+    def engine_restarted(self, slot: int) -> None:
+        self.services.metrics.restarts.inc()
+
+    def gave_up(self, reason: str) -> None:
+        assert self.client is not None
+        self.client.fail_all("the engine could not be restarted")
+        self.on_fatal(reason)
+
+
+class LifecycleServer(uvicorn.Server):
+    """uvicorn's server that also boots the engines after it starts, drains on SIGTERM/SIGINT and
+    keeps a failed start readable for fail_linger seconds before exiting 1."""
+
+    def __init__(self, config: uvicorn.Config, services: Services, method: StartMethod) -> None:
         super().__init__(config)
-        self.rt = rt
+        self.services = services
         self.method = method
         self.exit_code = 0
-        self.workers: Workers | None = None
+        self.wiring: EngineWiring | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -46,64 +81,66 @@ class Appliance(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         self._spawn(self.boot())
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def boot(self) -> None:
-        rt, phases, settings = self.rt, self.rt.phases, self.rt.settings
+        svc, startup, settings = self.services, self.services.startup, self.services.settings
         loop = asyncio.get_running_loop()
-        rt.attach_engine(EngineClient(loop, rt.executor))
-        assert rt.engine is not None
-        workers = self.workers = Workers(settings, phases, rt.engine, self.method)
 
         def on_fatal(reason: str) -> None:  # called from the supervisor thread
             loop.call_soon_threadsafe(self._spawn, self.fail(reason))
 
-        workers.on_fatal = on_fatal
-        workers.on_restart = rt.metrics.restarts.inc
-        engine_started = asyncio.wrap_future(_in_thread(workers.start_engines, "engine-start"))
+        wiring = self.wiring = EngineWiring(svc, on_fatal)
+        wiring.client = EngineClient(loop, svc.executor, wiring)
+        wiring.supervisor = EngineSupervisor(settings, startup, self.method, wiring)
+        engine_started = asyncio.wrap_future(_in_thread(wiring.supervisor.start_engines, "engine-start"))
         try:
-            info, rt.tokenizers = await rt.run(_load_model_side, settings.model_path)
-            rt.model = info
+            folder, tokenizers = await svc.off_loop(_load_model_side, settings.model_path)
             await engine_started
         except Exception as exc:
             if not self._draining:
-                failed = "warmup" if phases.state("warmup") == "running" else "engine"
+                failed = "warmup" if startup.state("warmup") == "running" else "engine"
                 message = str(exc) if isinstance(exc, ModelError | EngineStartError) else repr(exc)
-                phases.fail(failed, message)
+                startup.fail(failed, message)
                 await self.fail(message)
             return
-        phases.start("ready")
-        phases.done("ready", model=settings.model_name, kind=info.kind)
+        svc.models[settings.model_name] = ServedModel(settings.model_name, folder, tokenizers, wiring.client)
+        startup.start("ready")
+        startup.done("ready", model=settings.model_name, kind=folder.kind)
 
     async def fail(self, reason: str) -> None:
         """Keep /health/startup up for fail_linger seconds so people can read why, then exit 1."""
         self.exit_code = 1
-        log.error("startup_failed", reason=reason, exit_in_s=self.rt.settings.fail_linger)
-        await asyncio.sleep(self.rt.settings.fail_linger)
+        log.error("startup_failed", reason=reason, exit_in_s=self.services.settings.fail_linger)
+        await asyncio.sleep(self.services.settings.fail_linger)
         await self.shutdown_engines()
         self.should_exit = True
 
     async def drain(self) -> None:
         """Readiness 503 at once, new work 503, in-flight work finishes, then engines stop."""
-        phases = self.rt.phases
-        phases.draining = True
-        log.info("draining", in_flight=self.rt.in_flight, timeout_s=self.rt.settings.drain_timeout)
+        svc = self.services
+        svc.startup.draining = True
+        log.info("draining", in_flight=svc.in_flight, timeout_s=svc.settings.drain_timeout)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.rt.settings.drain_timeout
-        while self.rt.in_flight > 0 and loop.time() < deadline:
+        deadline = loop.time() + svc.settings.drain_timeout
+        while svc.in_flight > 0 and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        if self.rt.in_flight:
-            log.warning("drain_timeout", in_flight=self.rt.in_flight)
+        if svc.in_flight:
+            log.warning("drain_timeout", in_flight=svc.in_flight)
         await self.shutdown_engines()
         log.info("drained")
         self.should_exit = True
 
     async def shutdown_engines(self) -> None:
-        if self.workers is not None:
-            await asyncio.wrap_future(_in_thread(self.workers.stop, "engine-stop"))
+        """Pending inputs are answered 503, then engines and the forkserver stop."""
+        wiring = self.wiring
+        if wiring is not None and wiring.client is not None:
+            wiring.client.stop()
+        if wiring is not None and wiring.supervisor is not None:
+            await asyncio.wrap_future(_in_thread(wiring.supervisor.stop, "engine-stop"))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining or self._loop is None:
@@ -115,9 +152,9 @@ class Appliance(uvicorn.Server):
         self._loop.call_soon_threadsafe(self._spawn, self.drain())
 
 
-def _load_model_side(path: Path) -> tuple[ModelInfo, TokenizerPool]:
+def _load_model_side(path: Path) -> tuple[ModelFolder, TokenizerPool]:
     """What the HTTP process needs of the model: its config and its tokenizer (no weights)."""
-    return load_model_info(path), TokenizerPool(path)
+    return read_model_folder(path), TokenizerPool(path)
 
 
 def _in_thread(fn: Callable[[], None], name: str) -> Future[None]:
@@ -135,18 +172,18 @@ def _in_thread(fn: Callable[[], None], name: str) -> Future[None]:
     return future
 
 
-def run(
+def run_server(
     settings: Settings,
-    phases: Phases,
+    startup: StartupState,
     sock: socket.socket,
     early: EarlyResponder,
     method: StartMethod,
 ) -> int:
     """Serve on the bound socket until drained or failed; the exit code for the process."""
     executor = ThreadPoolExecutor(settings.executor_threads, thread_name_prefix="warmpool-exec")
-    rt = Runtime(settings=settings, phases=phases, executor=executor)
+    svc = Services(settings=settings, startup=startup, executor=executor)
     config = uvicorn.Config(
-        with_middleware(create_app(rt)),
+        with_middleware(create_app(svc)),
         log_config=None,
         access_log=False,
         lifespan="off",
@@ -154,7 +191,7 @@ def run(
         timeout_graceful_shutdown=max(int(settings.drain_timeout), 1),
     )
     config.load()
-    server = Appliance(config, rt, method)
+    server = LifecycleServer(config, svc, method)
     early.stop()
     server.run(sockets=[sock])
     executor.shutdown(wait=False, cancel_futures=True)

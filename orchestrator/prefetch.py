@@ -1,6 +1,6 @@
 """Best-effort page-cache warmer: read the model folder from several threads before the engine mmaps it.
 
-Follows vLLM #40331: daemon threads, ~16 MiB sequential reads, weights first, skipped when the
+As vLLM's prefetch does: daemon threads, ~16 MiB sequential reads, weights first, skipped when the
 files would not fit in the memory really available; every error is logged and swallowed.
 """
 

@@ -1,7 +1,7 @@
 """Admission: one permit per input, taken before any tokenizing; past capacity the answer is 429 at once.
 
 TEI takes one permit per input from a semaphore and rejects when it is empty; vLLM counts a
-request only after tokenizing it, so its overload answers arrive seconds late (vllm#58192).
+request only after tokenizing it, so its overload answers arrive seconds late.
 """
 
 from __future__ import annotations

@@ -11,16 +11,16 @@ from server import errors
 from server.direct import DirectRoutes
 from server.middleware import ApiKeyGuard, BodyLimit, RequestTracking
 from server.routes import classify, embeddings, health, metrics, models, score, tokenize
-from server.runtime import Runtime
+from server.services import Services
 
 
-def create_app(rt: Runtime) -> FastAPI:
+def create_app(svc: Services) -> FastAPI:
     app = FastAPI(
         title="warmpool",
         version=metadata.version("warmpool"),
         description="Pooling models (embeddings, classification, scoring) over an OpenAI/vLLM API.",
     )
-    app.state.runtime = rt
+    app.state.services = svc
     errors.install(app)
     modules = (health, metrics, models, embeddings, classify, score, tokenize)
     for module in modules:
@@ -33,9 +33,9 @@ def create_app(rt: Runtime) -> FastAPI:
 
 def with_middleware(app: FastAPI) -> ASGIApp:
     """The ASGI app uvicorn serves: tracking outermost, then the API key, then the body limit."""
-    rt: Runtime = app.state.runtime
-    key = rt.settings.resolved_api_key()
-    inner: ASGIApp = BodyLimit(DirectRoutes(app, app.state.api_routes), rt)
+    svc: Services = app.state.services
+    key = svc.settings.resolved_api_key()
+    inner: ASGIApp = BodyLimit(DirectRoutes(app, app.state.api_routes), svc)
     if key:
         inner = ApiKeyGuard(inner, key)
-    return RequestTracking(inner, rt, app.state.route_paths)
+    return RequestTracking(inner, svc, app.state.route_paths)

@@ -11,7 +11,7 @@ import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import APIError, error_response
-from server.runtime import Runtime
+from server.services import Services
 
 OPEN_PATHS = ("/health", "/version", "/metrics")
 QUIET_PATHS = ("/health", "/metrics")  # probes and scrapes log at debug level
@@ -22,9 +22,9 @@ access_log = structlog.get_logger("warmpool.access")
 class RequestTracking:
     """Echo or mint x-request-id; count requests in flight (draining waits on it); one access event each."""
 
-    def __init__(self, app: ASGIApp, rt: Runtime, routes: set[str]) -> None:
+    def __init__(self, app: ASGIApp, svc: Services, routes: set[str]) -> None:
         self.app = app
-        self.rt = rt
+        self.svc = svc
         self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -46,21 +46,21 @@ class RequestTracking:
                 ]
             await send(message)
 
-        self.rt.in_flight += 1
+        self.svc.in_flight += 1
         try:
             with structlog.contextvars.bound_contextvars(request_id=request_id):
                 await self.app(scope, receive, send_with_id)
         finally:
-            self.rt.in_flight -= 1
+            self.svc.in_flight -= 1
             self._record(scope["method"], scope["path"], status, state, time.perf_counter() - started, request_id)
 
     def _record(self, method: str, path: str, status: int, state: dict[str, Any], seconds: float, rid: str) -> None:
         route = path if path in self.routes else "other"
-        self.rt.metrics.requests.labels(route=route, status=str(status)).observe(seconds)
+        self.svc.metrics.requests.labels(route=route, status=str(status)).observe(seconds)
         access = state.get("access") or {}
         timings = access.get("timings")
         if timings is not None:
-            self.rt.metrics.tokenization_time.observe(timings.tokenization_ms / 1000)
+            self.svc.metrics.tokenization_time.observe(timings.tokenization_ms / 1000)
         log = access_log.debug if path.startswith(QUIET_PATHS) else access_log.info
         log(
             "request",
@@ -79,10 +79,10 @@ class RequestTracking:
 class BodyLimit:
     """413 for a body over the limit: at once from Content-Length, or as soon as a streamed body passes it."""
 
-    def __init__(self, app: ASGIApp, rt: Runtime) -> None:
+    def __init__(self, app: ASGIApp, svc: Services) -> None:
         self.app = app
-        self.rt = rt
-        self.limit = rt.settings.max_body_bytes
+        self.svc = svc
+        self.limit = svc.settings.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -99,7 +99,7 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                self.rt.metrics.rejections.labels(reason="body_too_large").inc()
+                self.svc.metrics.rejections.labels(reason="body_too_large").inc()
                 raise self._too_large()
             return message
 
@@ -109,7 +109,7 @@ class BodyLimit:
         return APIError(413, f"request body is larger than the limit of {self.limit} bytes", code="body_too_large")
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.rt.metrics.rejections.labels(reason="body_too_large").inc()
+        self.svc.metrics.rejections.labels(reason="body_too_large").inc()
         await error_response(self._too_large())(scope, receive, send)
 
 

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer
 
-from server.modelinfo import ModelError
-
-
-@dataclass(frozen=True)
-class Tokens:
-    input_ids: list[int]
-    token_type_ids: list[int] | None = None
+from common.modelfolder import ModelError
+from common.wire import Tokens
 
 
 class TokenizerPool:

@@ -15,7 +15,7 @@ MODEL_DIR = ROOT / "models" / "all-MiniLM-L6-v2"
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     if not (MODEL_DIR / "config.json").exists():
-        from orchestrator.models import fetch
+        from orchestrator.fetch_model import fetch
 
         fetch("sentence-transformers/all-MiniLM-L6-v2", MODEL_DIR.parent)
     return MODEL_DIR

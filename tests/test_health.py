@@ -28,9 +28,9 @@ def test_prefetch_read_the_model_files(server: ServerProcess, model_dir) -> None
 def test_engine_was_forked_from_a_preloaded_forkserver(server: ServerProcess) -> None:
     forkserver = server.phase("forkserver")["detail"]
     assert forkserver["method"] == "forkserver"
-    assert forkserver["preload"] == ["server.engine.main"]  # BERT runs natively: no transformers
+    assert forkserver["preload"] == ["engine.process"]  # BERT runs natively: no transformers
     engine = server.wait_engines()
-    assert engine["preloaded"] is True, "the forkserver did not preload server.engine.main"
+    assert engine["preloaded"] is True, "the forkserver did not preload engine.process"
     assert engine["backend"] == "native"
     assert len(engine["pids"]) == engine["engines"] == engine["up"] == 2  # the default on 2 cores
     assert set(engine["pids"]) <= set(server.children()) and engine["pid"] == engine["pids"][0]

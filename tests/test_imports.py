@@ -10,7 +10,7 @@ from tests.server_process import ROOT
 
 def test_orchestrator_and_app_do_not_import_torch() -> None:
     code = (
-        "import sys, orchestrator, orchestrator.lifecycle, orchestrator.workers, server.app\n"
+        "import sys, orchestrator, orchestrator.lifecycle, orchestrator.supervisor, server.app\n"
         "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
         "print(heavy); sys.exit(1 if heavy else 0)"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from server.runtime import runtime
+from server.services import services
 
 router = APIRouter(tags=["health"])
 
@@ -19,18 +19,18 @@ async def live() -> JSONResponse:
 @router.get("/health/startup")
 async def startup(request: Request) -> JSONResponse:
     """503 while starting or failed, 200 once ready; always the phase table."""
-    rt = runtime(request)
-    body = {**rt.phases.snapshot(), "in_flight": rt.in_flight - 1}  # less this probe
-    return JSONResponse(body, status_code=200 if rt.phases.started else 503)
+    svc = services(request)
+    body = {**svc.startup.snapshot(), "in_flight": svc.in_flight - 1}  # less this probe
+    return JSONResponse(body, status_code=200 if svc.startup.started else 503)
 
 
 @router.get("/health/ready")
 async def ready(request: Request) -> JSONResponse:
     """200 only while an engine can serve and the server is not draining."""
-    phases = runtime(request).phases
-    if phases.serving:
+    startup = services(request).startup
+    if startup.serving:
         return JSONResponse({"status": "ready"})
-    return JSONResponse(phases.snapshot(), status_code=503, headers={"Retry-After": "1"})
+    return JSONResponse(startup.snapshot(), status_code=503, headers={"Retry-After": "1"})
 
 
 @router.get("/health")

@@ -6,11 +6,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.runtime import runtime
+from server.services import services
 
 router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    return Response(runtime(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(services(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

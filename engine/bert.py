@@ -3,7 +3,7 @@
 On these machines `import transformers` plus its model-loading path costs ~3 s of a ~5 s cold
 start, more than torch itself; TEI likewise ships its own model implementations. The module
 names mirror transformers' BertModel so checkpoints load by name; any model this does not cover
-(see server.modelinfo.native_bert) is loaded with transformers instead.
+(see common.modelfolder.native_bert) is loaded with transformers instead.
 
 Batches run packed, without padding: every linear layer (nearly all of the work) sees only real
 tokens, and attention runs per input on that input's own tokens, as TEI does with varlen attention.
@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from server.modelinfo import ModelError
+from common.modelfolder import ModelError
+from common.wire import Tokens
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Packed:
         return int(self.lengths.shape[0])
 
     @staticmethod
-    def of(inputs: list[tuple[list[int], list[int] | None]]) -> Packed:
+    def of(inputs: list[Tokens]) -> Packed:
         lengths = torch.tensor([len(ids) for ids, _ in inputs], dtype=torch.long)
         starts = torch.cumsum(lengths, 0) - lengths
         seq = torch.repeat_interleave(torch.arange(len(inputs)), lengths)

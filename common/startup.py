@@ -60,7 +60,7 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-class Phases:
+class StartupState:
     """Thread-safe phase table; startup threads write it, HTTP handlers read it."""
 
     def __init__(self) -> None:

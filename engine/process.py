@@ -1,6 +1,7 @@
-"""Engine process entry: load, warm up, then serve batches from the pipe until told to stop or orphaned.
+"""The engine process: load, warm up, then run batches from the pipe until told to stop or orphaned.
 
-Preloaded by the forkserver, so forked engines find torch and transformers already imported.
+Preloaded by the forkserver, so forked engines find torch and this package already imported
+(and transformers too, for a model served through the transformers fallback).
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ from collections.abc import MutableSequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from server.engine.batching import Item, split_by_length, split_by_tokens, take_batch
-from server.engine.model import PoolingModel
-from server.engine.threads import ThreadShare
-from server.ipc import EngineSpec, Msg, send
-from server.modelinfo import ModelError, load_model_info
+from common.modelfolder import ModelError, read_model_folder
+from common.wire import EngineSpec, Keyed, Msg, send
+from engine.batching import split_by_length, split_by_tokens, take_batch
+from engine.model import PoolingModel
+from engine.threads import ThreadShare
 
 # The pid that imported this module: the forkserver's when preloading worked, the engine's otherwise.
 IMPORTED_BY_PID = os.getpid()
 
 
-def run(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -> None:
+def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -> None:
     # The HTTP process owns shutdown: SIGINT from a terminal must not kill the engine mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The HTTP process must get a core the moment it has work (probes, 429s, tokenizing): the
@@ -32,7 +33,7 @@ def run(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -> None:
     os.nice(spec.nice)
     started = time.monotonic()
     try:
-        info = load_model_info(spec.model_path)
+        info = read_model_folder(spec.model_path)
         model = PoolingModel(info, spec.threads)
         share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
         loaded = time.monotonic()
@@ -64,11 +65,11 @@ def run(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -> None:
     except Exception as exc:
         send(conn, (Msg.FAILED, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
         return
-    serve(conn, model, spec, overhead, share)
+    serve_batches(conn, model, spec, overhead, share)
 
 
-def serve(conn: Connection, model: PoolingModel, spec: EngineSpec, overhead: float, share: ThreadShare) -> None:
-    pending: deque[Item] = deque()
+def serve_batches(conn: Connection, model: PoolingModel, spec: EngineSpec, overhead: float, share: ThreadShare) -> None:
+    pending: deque[Keyed] = deque()
     while True:
         try:
             if not pending:
@@ -85,13 +86,13 @@ def serve(conn: Connection, model: PoolingModel, spec: EngineSpec, overhead: flo
             _run_batch(conn, model, batch, overhead, share)
 
 
-def _handle(message: tuple[str, Any], pending: deque[Item]) -> bool:
+def _handle(message: tuple[str, Any], pending: deque[Keyed]) -> bool:
     kind, body = message
     if kind == Msg.SUBMIT:
-        pending.extend(Item(*fields) for fields in body)
+        pending.extend(body)
     elif kind == Msg.CANCEL:
         dropped = set(body)
-        kept = [item for item in pending if item.key not in dropped]
+        kept = [item for item in pending if item[0] not in dropped]
         pending.clear()
         pending.extend(kept)
     elif kind == Msg.STOP:
@@ -99,7 +100,7 @@ def _handle(message: tuple[str, Any], pending: deque[Item]) -> bool:
     return True
 
 
-def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item], overhead: float, share: ThreadShare) -> None:
+def _run_batch(conn: Connection, model: PoolingModel, batch: list[Keyed], overhead: float, share: ThreadShare) -> None:
     # A batch runs as groups whose results stream back one by one, so the HTTP loop never
     # takes a burst of renders (one group per batch measured probe p99 16-18 ms at 32 clients,
     # against 5-11 ms split).
@@ -108,16 +109,16 @@ def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item], overhea
         share.working()
         t0 = time.perf_counter()
         try:
-            vectors = model.forward(group)
+            vectors = model.forward([tokens for _, tokens in group])
         except Exception as exc:  # a bad batch fails its requests, not the engine
-            send(conn, (Msg.ERROR, ([item.key for item in group], f"{type(exc).__name__}: {exc}")))
+            send(conn, (Msg.ERROR, ([key for key, _ in group], f"{type(exc).__name__}: {exc}")))
             continue
         send(
             conn,
             (
                 Msg.RESULT,
                 (
-                    [item.key for item in group],
+                    [key for key, _ in group],
                     vectors,
                     {
                         "batch_size": len(group),
@@ -129,7 +130,7 @@ def _run_batch(conn: Connection, model: PoolingModel, batch: list[Item], overhea
         )
 
 
-def _tokens(group: list[Item], packed: bool) -> int:
+def _tokens(group: list[Keyed], packed: bool) -> int:
     """Tokens the forward pass computed on: the real ones when packed, padded ones otherwise."""
-    lengths = [len(item.input_ids) for item in group]
+    lengths = [len(tokens.input_ids) for _, tokens in group]
     return sum(lengths) if packed else max(lengths) * len(lengths)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+
+from common.wire import Keyed
 
 # What one forward call costs beyond its tokens, in tokens; the engine measures it at warm-up.
 DEFAULT_CALL_OVERHEAD_TOKENS = 16.0
@@ -14,22 +15,19 @@ DEFAULT_CALL_OVERHEAD_TOKENS = 16.0
 GROUP_TOKENS = 384
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
-    key: int
-    input_ids: list[int]
-    token_type_ids: list[int] | None = None
+def n_tokens(item: Keyed) -> int:
+    return len(item[1].input_ids)
 
 
-def take_batch(pending: deque[Item], max_tokens: int, max_size: int) -> list[Item]:
+def take_batch(pending: deque[Keyed], max_tokens: int, max_size: int) -> list[Keyed]:
     """Oldest first, until the padded size (longest x count) would pass the budget.
 
     The first item is always taken, so an input longer than the budget still runs, alone.
     """
-    batch: list[Item] = []
+    batch: list[Keyed] = []
     longest = 0
     while pending and len(batch) < max_size:
-        length = len(pending[0].input_ids)
+        length = n_tokens(pending[0])
         if batch and max(longest, length) * (len(batch) + 1) > max_tokens:
             break
         longest = max(longest, length)
@@ -37,18 +35,18 @@ def take_batch(pending: deque[Item], max_tokens: int, max_size: int) -> list[Ite
     return batch
 
 
-def split_by_tokens(batch: list[Item], budget: int = GROUP_TOKENS) -> list[list[Item]]:
+def split_by_tokens(batch: list[Keyed], budget: int = GROUP_TOKENS) -> list[list[Keyed]]:
     """For packed models, which pay for real tokens only: the fewest groups of near-equal size within
     the token budget, oldest first (length does not matter, so neither does order).
 
     Groups stream back one by one, so the HTTP process renders while the engine computes.
     """
-    total = sum(len(item.input_ids) for item in batch)
+    total = sum(n_tokens(item) for item in batch)
     target = total / max(1, -(-total // budget))  # ceil(total / budget) groups of equal share
-    groups: list[list[Item]] = [[]]
+    groups: list[list[Keyed]] = [[]]
     seen = 0
     for item in batch:
-        length = len(item.input_ids)
+        length = n_tokens(item)
         if groups[-1] and seen + length / 2 > target * len(groups):
             groups.append([])
         groups[-1].append(item)
@@ -56,16 +54,16 @@ def split_by_tokens(batch: list[Item], budget: int = GROUP_TOKENS) -> list[list[
     return groups
 
 
-def split_by_length(batch: list[Item], call_overhead: float = DEFAULT_CALL_OVERHEAD_TOKENS) -> list[list[Item]]:
+def split_by_length(batch: list[Keyed], call_overhead: float = DEFAULT_CALL_OVERHEAD_TOKENS) -> list[list[Keyed]]:
     """For padded models: sort by length, then cut into the sub-batches that cost least to run.
 
     A forward pass costs about `call_overhead + longest x count` tokens, so one padded batch wastes
     work on padding and many tiny ones waste it on per-call overhead; the optimal contiguous
     partition of the sorted lengths is a small O(n^2) dynamic programme.
     """
-    ordered = sorted(batch, key=lambda item: len(item.input_ids))
+    ordered = sorted(batch, key=n_tokens)
     n = len(ordered)
-    lengths = [len(item.input_ids) for item in ordered]
+    lengths = [n_tokens(item) for item in ordered]
     best = [0.0] + [float("inf")] * n  # best[j]: cost of the first j items
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
@@ -74,7 +72,7 @@ def split_by_length(batch: list[Item], call_overhead: float = DEFAULT_CALL_OVERH
             cost = best[i] + call_overhead + longest * (j - i)
             if cost < best[j]:
                 best[j], cut[j] = cost, i
-    groups: list[list[Item]] = []
+    groups: list[list[Keyed]] = []
     j = n
     while j > 0:
         groups.append(ordered[cut[j] : j])

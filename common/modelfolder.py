@@ -23,7 +23,7 @@ class ModelError(Exception):
 
 
 @dataclass(frozen=True)
-class ModelInfo:
+class ModelFolder:
     path: Path
     kind: Kind
     architecture: str
@@ -33,7 +33,7 @@ class ModelInfo:
     pooling: PoolingMode = "mean"
     normalize: bool = False
     id2label: dict[int, str] = field(default_factory=dict)
-    native: bool = False  # served by server.engine.bert, without transformers
+    native: bool = False  # served by engine.bert, without transformers
     config: dict[str, Any] = field(default_factory=dict)  # config.json, parsed once
 
     @property
@@ -54,7 +54,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {"modules": data}
 
 
-def load_model_info(path: Path) -> ModelInfo:
+def read_model_folder(path: Path) -> ModelFolder:
+    """The folder's kind, pooling, lengths and labels; ModelError for anything that cannot be served."""
+    try:
+        return _read(path)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a config.json of the wrong shape
+        raise ModelError(f"cannot understand the config files in {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def _read(path: Path) -> ModelFolder:
     if not path.is_dir():
         raise ModelError(f"model folder not found: {path}")
     config = _read_json(path / "config.json")
@@ -63,12 +71,12 @@ def load_model_info(path: Path) -> ModelInfo:
     architecture = (config.get("architectures") or ["AutoModel"])[0]
     modules = _read_json(path / "modules.json").get("modules", [])
     st_config = _read_json(path / "sentence_bert_config.json")
-    kind = _kind(architecture, config, bool(modules))
+    kind = _kind(architecture, config)
     id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
     if kind == "cross-encoder":
         id2label = id2label if len(id2label) == 1 else {0: "score"}
     pooling, normalize = _pooling(path, modules)
-    return ModelInfo(
+    return ModelFolder(
         path=path,
         kind=kind,
         architecture=architecture,
@@ -100,7 +108,7 @@ def native_bert(path: Path, config: dict[str, Any], kind: Kind) -> bool:
     )
 
 
-def _kind(architecture: str, config: dict[str, Any], sentence_transformers: bool) -> Kind:
+def _kind(architecture: str, config: dict[str, Any]) -> Kind:
     if architecture.endswith("ForSequenceClassification"):
         labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2
         return "cross-encoder" if labels == 1 else "classification"

@@ -1,8 +1,13 @@
-"""The one settings object: every field is an env var `WARMPOOL_<NAME>` and a CLI flag `--<name>`."""
+"""The one settings object: every field is an env var `WARMPOOL_<NAME>` and a CLI flag `--<name>`.
+
+Flags win over environment variables, which win over the defaults here. README's configuration
+table and compose.yaml's environment block are checked against this class by the unit tests.
+"""
 
 from __future__ import annotations
 
 import os
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +21,8 @@ class Settings(BaseSettings):
         cli_kebab_case=True,
         cli_implicit_flags=False,
         extra="ignore",
+        # compose passes `${WARMPOOL_X:-}` for settings whose default is derived: empty means unset.
+        env_ignore_empty=True,
     )
 
     model: str = Field(
@@ -72,8 +79,10 @@ class Settings(BaseSettings):
         "auto", description="auto: console on a TTY, JSON otherwise."
     )
 
-    @property
+    @cached_property
     def model_path(self) -> Path:
+        """Resolved once, at start, then frozen: a re-forked engine loads the snapshot the tokenizer
+        came from even if a newer one lands in the cache meanwhile."""
         return resolve_model_path(self.model)
 
     @property

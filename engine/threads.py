@@ -2,8 +2,9 @@
 
 Engines that each keep to their share of the cores run faster together than one engine on
 all of them: fewer barriers per operator, and a core taken by the HTTP process stalls one
-engine's thread instead of every thread of a single engine (bench/load.py, closing note of
-issue 2). An engine alone at work still uses every core, so one client's latency keeps it.
+engine's thread instead of every thread of a single engine (two engines served 1.13-1.23x one
+on 2 cores, bench.paired). An engine alone at work still uses every core, so one client's
+latency keeps it.
 """
 
 from __future__ import annotations

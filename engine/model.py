@@ -8,15 +8,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from server.engine import bert
-from server.engine.batching import Item
-from server.modelinfo import ModelError, ModelInfo, PoolingMode
+from common.modelfolder import ModelError, ModelFolder
+from common.wire import Tokens
+from engine import bert
+from engine.pooling import pool, pool_packed
 
 
 class PoolingModel:
-    """BERT-family models run on server.engine.bert; anything else on transformers."""
+    """BERT-family models run on engine.bert; anything else on transformers."""
 
-    def __init__(self, info: ModelInfo, threads: int) -> None:
+    def __init__(self, info: ModelFolder, threads: int) -> None:
         torch.set_num_threads(threads)
         self.info = info
         config = info.config
@@ -31,17 +32,17 @@ class PoolingModel:
         return self.info.native
 
     @torch.inference_mode()
-    def forward(self, items: list[Item]) -> np.ndarray:
+    def forward(self, items: list[Tokens]) -> np.ndarray:
         """One forward pass; rows in the order of items, float32."""
         if self.info.native:
-            packed = bert.Packed.of([(item.input_ids, item.token_type_ids) for item in items])
+            packed = bert.Packed.of(items)
             out = self.model(packed)
             if self.info.kind != "embedding":
                 return out.float().numpy()  # type: ignore[no-any-return]
             return pool_packed(out, packed, self.info.pooling).float().numpy()
         return self._forward_padded(items)
 
-    def _forward_padded(self, items: list[Item]) -> np.ndarray:
+    def _forward_padded(self, items: list[Tokens]) -> np.ndarray:
         longest = max(len(item.input_ids) for item in items)
         ids = torch.full((len(items), longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(items), longest), dtype=torch.long)
@@ -67,12 +68,12 @@ class PoolingModel:
         batcher weighs against padding when it splits a batch.
         """
         token = self.pad_id + 1
-        self.forward([Item(0, [token] * self.info.max_model_len)])
+        self.forward([Tokens([token] * self.info.max_model_len)])
         small, large = (1, 8), (16, 32)
         timings = []
         for rows, length in (small, large, small, large):
             started = time.perf_counter()
-            self.forward([Item(i, [token] * length) for i in range(rows)])
+            self.forward([Tokens([token] * length) for _ in range(rows)])
             timings.append(time.perf_counter() - started)
         t_small, t_large = min(timings[0::2]), min(timings[1::2])
         per_token = max((t_large - t_small) / (large[0] * large[1] - small[0] * small[1]), 1e-9)
@@ -80,33 +81,7 @@ class PoolingModel:
         return min(max(overhead, 1.0), 512.0)
 
 
-def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: PoolingMode) -> torch.Tensor:
-    """Sentence-transformers' Pooling module arithmetic, so vectors match it."""
-    if mode == "cls":
-        return hidden[:, 0]
-    if mode == "lasttoken":
-        last = mask.sum(dim=1) - 1
-        return hidden[torch.arange(hidden.shape[0]), last]
-    expanded = mask.unsqueeze(-1).to(hidden.dtype)
-    if mode == "max":
-        return hidden.masked_fill(expanded == 0, -1e9).max(dim=1).values
-    summed = (hidden * expanded).sum(dim=1)
-    return summed / expanded.sum(dim=1).clamp(min=1e-9)
-
-
-def pool_packed(x: torch.Tensor, p: bert.Packed, mode: PoolingMode) -> torch.Tensor:
-    """pool() for a packed batch: the same arithmetic over each input's tokens."""
-    if mode == "cls":
-        return x[p.starts]
-    if mode == "lasttoken":
-        return x[p.starts + p.lengths - 1]
-    if mode == "max":
-        return p.grid(x, fill=-1e9).max(dim=1).values
-    sums = x.new_zeros((p.batch, x.shape[-1])).index_add_(0, p.seq, x)
-    return sums / p.lengths[:, None].to(x.dtype).clamp(min=1e-9)
-
-
-def _transformers_model(info: ModelInfo) -> Any:
+def _transformers_model(info: ModelFolder) -> Any:
     from transformers import AutoModel, AutoModelForSequenceClassification  # only off the native path
 
     loader = AutoModel if info.kind == "embedding" else AutoModelForSequenceClassification

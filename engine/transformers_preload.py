@@ -3,8 +3,8 @@
 The served architecture's own modelling module is added to the forkserver's preload list by
 the orchestrator (it knows the model's config.json).
 
-On this machine `from_pretrained` of a 90 MB model spends most of its time in such imports
-(DESIGN.md §8); forked engines then find them in sys.modules.
+On a 2-core machine `from_pretrained` of a 90 MB model spends most of its time in such imports;
+forked engines then find them in sys.modules.
 """
 
 from __future__ import annotations

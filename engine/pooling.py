@@ -1,0 +1,34 @@
+"""Pooling arithmetic: sentence-transformers' Pooling module, on padded and on packed batches."""
+
+from __future__ import annotations
+
+import torch
+
+from common.modelfolder import PoolingMode
+from engine.bert import Packed
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: PoolingMode) -> torch.Tensor:
+    """Sentence-transformers' Pooling module arithmetic, so vectors match it."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "lasttoken":
+        last = mask.sum(dim=1) - 1
+        return hidden[torch.arange(hidden.shape[0]), last]
+    expanded = mask.unsqueeze(-1).to(hidden.dtype)
+    if mode == "max":
+        return hidden.masked_fill(expanded == 0, -1e9).max(dim=1).values
+    summed = (hidden * expanded).sum(dim=1)
+    return summed / expanded.sum(dim=1).clamp(min=1e-9)
+
+
+def pool_packed(x: torch.Tensor, p: Packed, mode: PoolingMode) -> torch.Tensor:
+    """pool() for a packed batch: the same arithmetic over each input's tokens."""
+    if mode == "cls":
+        return x[p.starts]
+    if mode == "lasttoken":
+        return x[p.starts + p.lengths - 1]
+    if mode == "max":
+        return p.grid(x, fill=-1e9).max(dim=1).values
+    sums = x.new_zeros((p.batch, x.shape[-1])).index_add_(0, p.seq, x)
+    return sums / p.lengths[:, None].to(x.dtype).clamp(min=1e-9)

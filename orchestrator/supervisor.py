@@ -1,0 +1,223 @@
+"""Engine processes: fork them from the forkserver, watch them, re-fork them within a restart budget.
+
+The forkserver imports the heavy modules in its own process (never on a thread of this one: that
+raced with the main thread's imports upstream in vLLM) and stays up for re-forks. The supervisor
+knows nothing of HTTP: it reports through the `SupervisorEvents` it is given, and learns of a lost
+engine from `engine_lost` (the engine client sees the pipe close first).
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import queue
+import threading
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
+
+import structlog
+from tenacity import Retrying, retry_if_exception_type, wait_exponential
+
+from common.settings import Settings
+from common.startup import StartupState
+from common.wire import EngineSpec, Msg
+from engine import entry
+from orchestrator import forkserver
+from orchestrator.forkserver import StartMethod
+from orchestrator.restart_budget import RestartBudget
+
+STOP_GRACE_S = 5.0
+
+log = structlog.get_logger("warmpool.supervisor")
+
+
+class EngineStartError(Exception):
+    """An engine died or failed while loading or warming up."""
+
+
+class RestartBudgetSpent(Exception):
+    """More restarts within the window than allowed: the appliance should exit and be restarted."""
+
+
+class SupervisorEvents(Protocol):
+    """What the supervisor reports; called on its own threads."""
+
+    def engine_ready(self, slot: int, conn: Connection) -> None:
+        """A (re)started engine is warm: its pipe can take work."""
+
+    def engine_restarted(self, slot: int) -> None: ...
+
+    def gave_up(self, reason: str) -> None:
+        """The restart budget is spent; no engine will be started again."""
+
+
+class EngineSupervisor:
+    """`settings.engines` engine processes from one forkserver, each restarted on its own when it dies."""
+
+    def __init__(
+        self, settings: Settings, startup: StartupState, method: StartMethod, events: SupervisorEvents
+    ) -> None:
+        self.settings = settings
+        self.startup = startup
+        self.method = method
+        self.events = events
+        self.count = settings.engines
+        # One flag per engine, set while it runs a batch: engines size their torch pools by it.
+        self.busy = method.ctx.RawArray("b", self.count)  # type: ignore[attr-defined]
+        self.processes: list[multiprocessing.process.BaseProcess | None] = [None] * self.count
+        self.budget = RestartBudget(settings.max_restarts, settings.restart_window)
+        self._up: set[int] = set()
+        self._stopping = threading.Event()
+        self._lost: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+
+    def spec(self, slot: int) -> EngineSpec:
+        return EngineSpec(
+            model_path=self.settings.model_path,
+            slot=slot,
+            threads=self.settings.shared_engine_threads,
+            solo_threads=self.settings.engine_threads,
+            max_batch_tokens=self.settings.max_batch_tokens,
+            max_batch_size=self.settings.max_batch_size,
+            nice=self.settings.engine_nice,
+        )
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [p.pid if p else None for p in self.processes]
+
+    def _detail(self) -> dict[str, Any]:
+        """The engine phase's detail: `pid` is the first engine's (what single-engine tools read),
+        `pids` all of them."""
+        return {"pid": self.pids[0], "pids": self.pids, "up": len(self._up), "restarts": self.budget.used}
+
+    def start_engines(self) -> None:
+        """The first engine warms up alone, on every core, and makes the server ready; the rest follow.
+
+        Warming all engines side by side made readiness ~0.9 s later on 2 cores (bench.coldstart).
+        """
+        process, conn = self._fork(0)
+        self.startup.done("forkserver", preload=self.method.preload)
+        self.startup.start("engine", engines=self.count, **self._detail())
+        loaded = self._expect(conn, process, Msg.LOADED)
+        self.startup.done("engine", **{k: v for k, v in loaded.items() if k != "pid"})
+        self.startup.start("warmup")
+        self.startup.done("warmup", **self._expect(conn, process, Msg.READY))
+        self._ready(0, conn)
+        threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True).start()
+        threading.Thread(target=self._start_others, name="engine-start-others", daemon=True).start()
+
+    def engine_lost(self, slot: int) -> None:
+        """An engine's pipe closed (it died, or was stopped): re-fork it unless stopping."""
+        self.busy[slot] = 0
+        self._up.discard(slot)
+        self.startup.engine_up = bool(self._up)
+        self.startup.update("engine", **self._detail())
+        if not self._stopping.is_set():
+            process = self.processes[slot]
+            log.error("engine_lost", slot=slot, pid=process.pid if process else None, up=len(self._up))
+            self._lost.put(slot)
+
+    def stop(self) -> None:
+        """Stop the engines (each finishes its batch) and the forkserver; no process left behind."""
+        self._stopping.set()
+        self._lost.put(None)
+        for process in self.processes:
+            if process is not None:
+                process.join(STOP_GRACE_S)
+                if process.is_alive():
+                    process.kill()
+                    process.join(STOP_GRACE_S)
+        forkserver.stop(self.method)
+
+    def _start_others(self) -> None:
+        for slot in range(1, self.count):
+            try:
+                self._bring_up(slot)
+            except EngineStartError as exc:
+                if self._stopping.is_set():
+                    return
+                log.error("engine_start_failed", slot=slot, error=str(exc))
+                self._lost.put(slot)  # the supervisor retries it within the restart budget
+
+    def _fork(self, slot: int) -> tuple[multiprocessing.process.BaseProcess, Connection]:
+        if self._stopping.is_set():
+            raise EngineStartError("stopping")
+        parent, child = self.method.ctx.Pipe(duplex=True)
+        process = self.method.ctx.Process(  # type: ignore[attr-defined]
+            target=entry.engine_main,
+            args=(child, self.spec(slot), self.busy),
+            name=f"warmpool-engine-{slot}",
+            daemon=True,
+        )
+        process.start()  # with forkserver, returns once the server has preloaded and forked
+        child.close()
+        self.processes[slot] = process
+        return process, parent
+
+    def _ready(self, slot: int, conn: Connection) -> None:
+        self._up.add(slot)
+        self.events.engine_ready(slot, conn)
+        self.startup.engine_up = True
+        self.startup.update("engine", **self._detail())
+        log.info("engine_ready", slot=slot, pid=self.pids[slot], up=len(self._up))
+
+    def _bring_up(self, slot: int) -> None:
+        process, conn = self._fork(slot)
+        self._expect(conn, process, Msg.LOADED)
+        self._expect(conn, process, Msg.READY)
+        self._ready(slot, conn)
+
+    def _expect(self, conn: Connection, process: Any, wanted: str) -> dict[str, Any]:
+        while not self._stopping.is_set():
+            if conn.poll(0.1):
+                try:
+                    kind, body = conn.recv()
+                except (EOFError, OSError):  # it died: its exit code tells why
+                    process.join(STOP_GRACE_S)
+                    raise EngineStartError(f"engine exited with code {process.exitcode} while starting") from None
+                if kind == Msg.FAILED:
+                    process.join(STOP_GRACE_S)
+                    raise EngineStartError(str(body))
+                if kind == wanted:
+                    return dict(body)
+            elif not process.is_alive():
+                raise EngineStartError(f"engine exited with code {process.exitcode} while starting")
+        raise EngineStartError("stopping")
+
+    def _supervise(self) -> None:
+        while (slot := self._lost.get()) is not None and not self._stopping.is_set():
+            self._reap(slot)
+            try:
+                self._restart(slot)
+            except Exception as exc:
+                if self._stopping.is_set():
+                    return
+                reason = (
+                    f"engines restarted {self.budget.used} times within "
+                    f"{self.settings.restart_window:.0f} s; last error: {exc}"
+                )
+                self.startup.fail("engine", reason)
+                self.events.gave_up(reason)
+                return
+
+    def _restart(self, slot: int) -> None:
+        """Re-fork one engine; each try spends one restart, with exponential backoff between tries.
+        The budget is checked here alone: RestartBudgetSpent is not retried."""
+        for attempt in Retrying(
+            retry=retry_if_exception_type(EngineStartError),
+            wait=wait_exponential(multiplier=0.5, max=10),
+            reraise=True,
+        ):
+            with attempt:
+                if self._stopping.is_set():
+                    return
+                if not self.budget.spend():
+                    raise RestartBudgetSpent(f"more than {self.settings.max_restarts} restarts")
+                self._bring_up(slot)
+                self.events.engine_restarted(slot)
+
+    def _reap(self, slot: int) -> None:
+        process = self.processes[slot]
+        if process is not None:
+            process.join(1.0)
+            if process.is_alive():
+                process.kill()

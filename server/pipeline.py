@@ -1,0 +1,195 @@
+"""The request pipeline every pooling route shares: admit, prepare on the executor, run on an engine,
+render on the executor.
+
+A route supplies two synchronous functions: `prepare(raw, ctx) -> Prepared` and
+`render(prepared, outcome, ctx) -> bytes`. Both run on the executor, never on the event loop:
+prepare through Services.off_loop, render handed to the executor by the engine client the moment
+the request's last row arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from common.wire import Tokens
+from server.engine_client import EngineFailed, EngineUnavailable, Outcome
+from server.errors import APIError, ClientDisconnected
+from server.inputs import RequestContext
+from server.services import ServedModel, Services, services
+
+B = TypeVar("B")
+
+
+@dataclass
+class Prepared(Generic[B]):
+    body: B
+    tokens: list[Tokens]
+    extra: Any = None
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(t.input_ids) for t in self.tokens)
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.n_tokens, "total_tokens": self.n_tokens}
+
+
+Prepare = Callable[[bytes, RequestContext], Prepared[Any]]
+Render = Callable[[Prepared[Any], Outcome, RequestContext], bytes]
+
+
+@dataclass
+class Timings:
+    """TEI's timing headers, in milliseconds."""
+
+    started: float = field(default_factory=time.perf_counter)
+    tokenization_ms: float = 0.0
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+
+    def headers(self) -> dict[str, str]:
+        total = (time.perf_counter() - self.started) * 1000
+        return {
+            "x-total-time": f"{total:.0f}",
+            "x-tokenization-time": f"{self.tokenization_ms:.0f}",
+            "x-queue-time": f"{self.queue_ms:.0f}",
+            "x-inference-time": f"{self.inference_ms:.0f}",
+        }
+
+
+def request_context(svc: Services, admitted: bool = True) -> RequestContext:
+    """A context on the default model (a request's `model` field may select another); 503 if not serving."""
+    return RequestContext(svc.default_model(), svc.models, svc.settings, svc.admission if admitted else None)
+
+
+async def answer(request: Request, prepare: Prepare, render: Render) -> Response:
+    """The whole pipeline for one request; every failure leaves as an APIError."""
+    svc = services(request)
+    timings = Timings()
+    ctx = request_context(svc)
+    try:
+        # Every request needs a permit for its first input: take it here, on the loop, so a full
+        # server refuses at once; the rest are taken after parsing, before tokenizing.
+        ctx.admit(1)
+        prepared = await svc.off_loop(prepare, await request.body(), ctx)
+        timings.tokenization_ms = (time.perf_counter() - timings.started) * 1000
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            outcome = await run_on_engine(
+                svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx)
+            )
+        finally:
+            gone.cancel()
+        body = outcome.rendered
+    except APIError as exc:
+        _count_rejection(svc, exc)
+        raise
+    finally:
+        ctx.release()
+    request.state.access = {"inputs": len(prepared.tokens), "tokens": prepared.n_tokens, "timings": timings}
+    return json_response(body, timings)
+
+
+async def answer_without_engine(request: Request, respond: Callable[[bytes, RequestContext], bytes]) -> Response:
+    """Routes the tokenizer alone answers (/tokenize, /detokenize): admitted like any other work,
+    so they cannot queue unbounded jobs on the executor that pooling requests share."""
+    svc = services(request)
+    timings = Timings()
+    ctx = request_context(svc)
+    try:
+        ctx.admit(1)
+        body = await svc.off_loop(respond, await request.body(), ctx)
+    except APIError as exc:
+        _count_rejection(svc, exc)
+        raise
+    finally:
+        ctx.release()
+    return json_response(body, timings)
+
+
+def _count_rejection(svc: Services, exc: APIError) -> None:
+    if exc.status == 429:
+        svc.metrics.rejections.labels(reason="overloaded").inc()
+
+
+async def run_on_engine(
+    svc: Services,
+    model: ServedModel,
+    tokens: list[Tokens],
+    timings: Timings,
+    abandon: asyncio.Future[Any] | None = None,
+    then: Callable[[Outcome], Any] | None = None,
+) -> Outcome:
+    """Send inputs to the model's engines and wait; engine loss and timeouts become 503, never a hang.
+
+    If `abandon` finishes first (the client left), the engine drops the inputs. `then` runs on
+    the executor on the engine's output (EngineClient.submit); its result comes back in
+    `Outcome.rendered`. One await on the engine's future, with a timer and a callback, instead
+    of wait_for inside asyncio.wait: two tasks and their wake-ups fewer per request.
+    """
+    engine = model.engine
+    try:
+        future, keys = engine.submit(tokens, then)
+    except EngineUnavailable:
+        raise svc.unavailable() from None
+    stopped_by: str | None = None  # why this function cancelled the future, if it did
+
+    def stop(why: str) -> None:
+        nonlocal stopped_by
+        if not future.done():
+            stopped_by = why
+            future.cancel()
+
+    timer = asyncio.get_running_loop().call_later(svc.settings.request_timeout, stop, "timeout")
+    if abandon is not None:
+        abandon.add_done_callback(lambda _: stop("client_gone"))
+    try:
+        outcome = await future
+    except asyncio.CancelledError:
+        engine.cancel(keys)
+        if stopped_by == "timeout":
+            raise svc.unavailable("timed out waiting for the engine") from None
+        if stopped_by == "client_gone":
+            svc.metrics.disconnects.inc()
+            raise ClientDisconnected() from None
+        raise
+    except EngineUnavailable as exc:
+        raise svc.unavailable(str(exc)) from None
+    except EngineFailed as exc:
+        raise APIError(500, f"the engine failed on this batch: {exc}", code="engine_error") from None
+    finally:
+        timer.cancel()
+    timings.queue_ms = outcome.queue_ms
+    timings.inference_ms = outcome.inference_ms
+    svc.metrics.queue_time.observe(outcome.queue_ms / 1000)
+    svc.metrics.inference_time.observe(outcome.inference_ms / 1000)
+    return outcome
+
+
+async def _client_gone(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def json_response(body: bytes, timings: Timings | None = None) -> Response:
+    headers = timings.headers() if timings else None
+    return Response(content=body, media_type="application/json", headers=headers)
+
+
+def envelope(prefix: str, ctx: RequestContext, **fields: Any) -> dict[str, Any]:
+    """vLLM's common response fields."""
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": ctx.model_name,
+        **fields,
+    }
