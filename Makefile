@@ -18,7 +18,7 @@ IMAGE ?= warmpool:latest
 WHEEL_SOURCE ?= $(firstword $(subst :, ,$(PIP_FIND_LINKS)))
 COMPOSE_PLUGIN := $(HOME)/.docker/cli-plugins/docker-compose
 
-.PHONY: setup model serve test lint lint-code lint-deploy bench clean \
+.PHONY: setup model serve test test-unit lint lint-code lint-deploy bench clean \
         image up down logs smoke container-test compose-plugin
 
 setup: $(STAMP)
@@ -41,7 +41,11 @@ serve: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m orchestrator
 
 test: $(STAMP) $(MODEL_DIR)/config.json
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --ignore=tests/container $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=15 --ignore=tests/container $(PYTEST_ARGS)
+
+# The in-process layer alone (no server processes): seconds, for the edit-test loop.
+test-unit: $(STAMP) $(MODEL_DIR)/config.json
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 lint: lint-code lint-deploy
 
@@ -49,6 +53,7 @@ lint-code: $(STAMP)
 	$(PY) -m ruff check common engine orchestrator server tests bench
 	$(PY) -m ruff format --check common engine orchestrator server tests bench
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 # Offline validators: no Docker engine or cluster needed.
 lint-deploy: $(STAMP) compose-plugin

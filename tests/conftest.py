@@ -8,8 +8,16 @@ import pytest
 
 from tests.server_process import ROOT, ServerProcess, serving
 
-os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"})
 MODEL_DIR = ROOT / "models" / "all-MiniLM-L6-v2"
+UNIT = Path(__file__).parent / "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test outside tests/unit starts real server processes: the `slow` layer."""
+    for item in items:
+        if UNIT not in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
