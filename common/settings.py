@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     max_concurrent_inputs: int | None = Field(
         None,
         ge=1,
-        description="Admission permits (one per input); default 4 x max_batch_tokens / 64.",
+        description="Admission permits (one per input); default 4 x max_batch_tokens / 64, at least 64.",
     )
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Request body limit (413 past it).")
 
@@ -107,11 +107,19 @@ class Settings(BaseSettings):
 
 
 def resolve_model_path(model: str) -> Path:
-    """A folder as given, or a repo id looked up in the offline Hugging Face cache."""
+    """A folder as given, or a repo id looked up in the offline Hugging Face cache: the snapshot
+    its refs/main names, else the newest one."""
     path = Path(model).expanduser()
     if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
         return path.resolve()
-    cache = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
-    snapshots = cache / f"models--{model.replace('/', '--')}" / "snapshots"
+    repo = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+    repo = repo / f"models--{model.replace('/', '--')}"
+    snapshots = repo / "snapshots"
+    try:
+        main = snapshots / (repo / "refs" / "main").read_text().strip()
+    except OSError:
+        main = None
+    if main is not None and main.is_dir():
+        return main
     found = sorted(snapshots.glob("*"), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
     return found[-1] if found else path.resolve()

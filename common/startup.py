@@ -1,4 +1,4 @@
-"""Startup phase records: the only source /health/* reads, and one log event per transition."""
+"""StartupState: the startup phase records /health/* reads, and one log event per transition."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ class StartupState:
         self._move(name, "done", detail)
 
     def skip(self, name: str, reason: str, **detail: Any) -> None:
-        self._move(name, "skipped", {"reason": reason, **detail}, start=True)
+        """A phase that will not run (or stops running): a running one keeps its start time."""
+        self._move(name, "skipped", {"reason": reason, **detail})
 
     def fail(self, name: str, error: str, **detail: Any) -> None:
         self._move(name, "failed", {"error": error, **detail})
@@ -120,8 +121,10 @@ class StartupState:
 
     @property
     def serving(self) -> bool:
-        """An engine can take work now and we are not draining."""
-        return self.started and self.engine_up and not self.draining
+        """An engine can take work now, and we are neither draining nor failed (a spent restart
+        budget fails the engine phase while another engine may still be up: the process is about
+        to exit, so readiness turns 503 at once)."""
+        return self.started and self.engine_up and not self.draining and not self.failed
 
     def status(self) -> str:
         if self.failed:

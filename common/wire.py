@@ -2,8 +2,9 @@
 
 Messages are `(kind, body)` tuples pickled with plain pickle:
 - to the engine: SUBMIT `[(key, Tokens), ...]`, CANCEL `[key, ...]`, STOP `None`;
-- from the engine: LOADED `{detail}`, READY `{detail}`, FAILED `"reason"` while starting, then
-  RESULT `([key, ...], float32 array [n, dims], BatchStats as a dict)` or ERROR `([key, ...], "reason")`.
+- from the engine while starting: LOADED `{detail}`, READY `{detail}`, or FAILED
+  `("one-line reason", traceback or None)`; then, per group of inputs run, RESULT
+  `([key, ...], float32 array [n, dims], batch stats dict)` or ERROR `([key, ...], "reason")`.
 """
 
 from __future__ import annotations

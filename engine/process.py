@@ -60,10 +60,10 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
             ),
         )
     except ModelError as exc:
-        send(conn, (Msg.FAILED, str(exc)))
+        send(conn, (Msg.FAILED, (str(exc), None)))
         return
     except Exception as exc:
-        send(conn, (Msg.FAILED, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
+        send(conn, (Msg.FAILED, (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
         return
     serve_batches(conn, model, spec, overhead, share)
 

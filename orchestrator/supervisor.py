@@ -175,8 +175,11 @@ class EngineSupervisor:
                     process.join(STOP_GRACE_S)
                     raise EngineStartError(f"engine exited with code {process.exitcode} while starting") from None
                 if kind == Msg.FAILED:
+                    reason, trace = body
                     process.join(STOP_GRACE_S)
-                    raise EngineStartError(str(body))
+                    # The traceback goes to the log; /health/startup (open without a key) gets one line.
+                    log.error("engine_start_failed", reason=reason, traceback=trace)
+                    raise EngineStartError(reason.splitlines()[0] if reason else "engine failed")
                 if kind == wanted:
                     return dict(body)
             elif not process.is_alive():

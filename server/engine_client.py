@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 import numpy as np
+import structlog
 
 from common.wire import Keyed, Msg, Tokens, send
 
@@ -31,6 +32,9 @@ class EngineUnavailable(Exception):
 
 class EngineFailed(Exception):
     """The engine ran the batch and it raised."""
+
+
+log = structlog.get_logger("warmpool.engine_client")
 
 
 @dataclass
@@ -96,6 +100,7 @@ class EngineClient:
         self._entries: dict[int, _Entry] = {}
         self._slots: dict[int, _Slot] = {}
         self._outbox: queue.SimpleQueue[tuple[Connection, tuple[str, Any]] | None] = queue.SimpleQueue()
+        self._stopped = False
         threading.Thread(target=self._send_loop, name="engine-sender", daemon=True).start()
 
     @property
@@ -111,6 +116,9 @@ class EngineClient:
     def attach(self, slot: int, conn: Connection) -> None:
         """An engine is ready: it takes what no live engine holds, then its share of new work."""
         with self._lock:
+            if self._stopped:  # a restart that finished while the server stopped: let it exit
+                conn.close()
+                return
             self._slots[slot] = _Slot(conn)
             self._dispatch([e for e in self._entries.values() if e.slot is None])
         threading.Thread(target=self._read_loop, args=(slot, conn), name=f"engine-reader-{slot}", daemon=True).start()
@@ -138,19 +146,13 @@ class EngineClient:
 
     def cancel(self, keys: list[int]) -> None:
         """Forget a request (its client left); engines drop those inputs if still queued."""
-        by_slot: dict[int, list[int]] = {}
         with self._lock:
-            for key in keys:
-                entry = self._entries.pop(key, None)
-                if entry is not None and entry.slot in self._slots:
-                    self._slots[entry.slot].load -= entry.tokens
-                    by_slot.setdefault(entry.slot, []).append(key)
-            for slot, dropped in by_slot.items():
-                self._outbox.put((self._slots[slot].conn, (Msg.CANCEL, dropped)))
+            self._drop(keys)
 
     def stop(self, reason: str = "the server is shutting down") -> None:
         """Tell every engine to stop and answer what is still pending with EngineUnavailable."""
         with self._lock:
+            self._stopped = True
             slots, self._slots = self._slots, {}
         for slot in slots.values():
             self._outbox.put((slot.conn, (Msg.STOP, None)))
@@ -194,16 +196,19 @@ class EngineClient:
                 kind, body = conn.recv()
             except (EOFError, OSError):
                 break
-            if kind == Msg.RESULT:
-                self._on_result(*body)
-            elif kind == Msg.ERROR:
-                self._on_error(*body)
+            try:
+                if kind == Msg.RESULT:
+                    self._on_result(*body)
+                elif kind == Msg.ERROR:
+                    self._on_error(*body)
+            except Exception:  # a bug here must not silently stop this engine's results
+                log.exception("engine_message_failed", slot=slot, kind=kind)
         conn.close()
         self._on_lost(slot, conn)
 
     def _on_result(self, keys: list[int], vectors: np.ndarray, stats: dict[str, Any]) -> None:
         done: list[_Request] = []
-        share = stats["inference_ms"] / len(keys)
+        share = stats["inference_ms"] / max(len(keys), 1)
         with self._lock:
             for row, key in enumerate(keys):
                 entry = self._entries.pop(key, None)
@@ -244,17 +249,27 @@ class EngineClient:
     def _on_error(self, keys: list[int], message: str) -> None:
         with self._lock:
             failed = self._requests_of(e for k in keys if (e := self._entries.get(k)))
+            self._drop(keys, cancel=False)  # the engine has run these already
             self._forget(failed)
         for req in failed:
             self._settle(req, EngineFailed(message))
 
     def _forget(self, requests: list[_Request]) -> None:
         """Drop every input of these requests (caller holds the lock)."""
-        for req in requests:
-            for key, _ in req.items:
-                entry = self._entries.pop(key, None)
-                if entry is not None and entry.slot in self._slots:
-                    self._slots[entry.slot].load -= entry.tokens
+        self._drop([key for req in requests for key, _ in req.items])
+
+    def _drop(self, keys: list[int], cancel: bool = True) -> None:
+        """Forget these inputs and tell the engines holding them to skip them (caller holds the lock):
+        an engine must not spend time on inputs nobody waits for, nor count as idle while it does."""
+        by_slot: dict[int, list[int]] = {}
+        for key in keys:
+            entry = self._entries.pop(key, None)
+            if entry is not None and entry.slot in self._slots:
+                self._slots[entry.slot].load -= entry.tokens
+                if cancel:
+                    by_slot.setdefault(entry.slot, []).append(key)
+        for slot, dropped in by_slot.items():
+            self._outbox.put((self._slots[slot].conn, (Msg.CANCEL, dropped)))
 
     def _on_lost(self, slot: int, conn: Connection) -> None:
         """A dead engine's inputs move to the live ones, once per request; a second loss is a 503."""

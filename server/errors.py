@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = structlog.get_logger("warmpool.errors")
 
@@ -100,8 +101,9 @@ def response_for(exc: Exception) -> JSONResponse:
     if isinstance(exc, StarletteHTTPException):
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         return error_response(APIError(exc.status_code, detail, headers=dict(exc.headers or {})))
-    if isinstance(exc, ClientDisconnected):
-        # Nobody reads this answer; 499 (nginx's "client closed request") marks it in logs and metrics.
+    if isinstance(exc, ClientDisconnected | ClientDisconnect):
+        # Waiting for the engine or still uploading: either way nobody reads this answer; 499
+        # (nginx's "client closed request") marks it in logs and metrics, never as a server error.
         return error_response(APIError(499, "client closed the request", code="client_disconnected"))
     log.exception("unhandled_error", error=str(exc), exc_info=exc)
     return error_response(APIError(500, "internal error", code="internal_error"))
@@ -112,6 +114,14 @@ def install(app: FastAPI) -> None:
         return response_for(exc)
 
     # Exception is handled by Starlette's outermost middleware; the others by its inner one.
-    kinds = (APIError, RequestValidationError, ValidationError, StarletteHTTPException, ClientDisconnected, Exception)
+    kinds = (
+        APIError,
+        RequestValidationError,
+        ValidationError,
+        StarletteHTTPException,
+        ClientDisconnected,
+        ClientDisconnect,
+        Exception,
+    )
     for kind in kinds:
         app.add_exception_handler(kind, handler)

@@ -9,22 +9,22 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["DO_NOT_TRACK"] = "1"
 
-import json  # noqa: E402
-import shutil  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import json
+import shutil
+from pathlib import Path
+from typing import Any
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
 
-from common.modelfolder import PoolingMode, read_model_folder  # noqa: E402
-from common.wire import Tokens  # noqa: E402
-from engine.bert import Packed  # noqa: E402
-from engine.model import PoolingModel  # noqa: E402
-from engine.pooling import pool, pool_packed  # noqa: E402
-from server.outputs import normalize  # noqa: E402
+from common.modelfolder import PoolingMode, read_model_folder
+from common.wire import Tokens
+from engine.bert import Packed
+from engine.model import PoolingModel
+from engine.pooling import pool, pool_packed
+from server.outputs import normalize
 
 MODES: tuple[PoolingMode, ...] = ("mean", "cls", "max", "lasttoken")
 POOLING_KEYS: dict[PoolingMode, str] = {
@@ -51,7 +51,7 @@ def st_pooling(dim: int, mode: PoolingMode) -> torch.nn.Module:
     try:
         from sentence_transformers.sentence_transformer.modules import Pooling
     except ImportError:  # sentence-transformers < 6
-        from sentence_transformers.models import Pooling
+        from sentence_transformers.models import Pooling  # type: ignore[no-redef]
     return Pooling(dim, pooling_mode=mode)  # type: ignore[no-any-return]
 
 
