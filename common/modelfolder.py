@@ -42,23 +42,27 @@ class ModelFolder:
         return self.hidden_size if self.kind == "embedding" else max(len(self.id2label), 1)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path, list_key: str | None = None) -> dict[str, Any]:
+    """A JSON object ({} when the file is absent); a top-level list only where `list_key` names it
+    (modules.json is a list)."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict | list):
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ModelError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
+    if isinstance(data, list) and list_key is not None:
+        return {list_key: data}
+    if not isinstance(data, dict):
         raise ModelError(f"{path} is not a JSON object")
-    return data if isinstance(data, dict) else {"modules": data}
+    return data
 
 
 def read_model_folder(path: Path) -> ModelFolder:
     """The folder's kind, pooling, lengths and labels; ModelError for anything that cannot be served."""
     try:
         return _read(path)
-    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a config.json of the wrong shape
+    except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:  # config of the wrong shape
         raise ModelError(f"cannot understand the config files in {path}: {type(exc).__name__}: {exc}") from exc
 
 
@@ -68,8 +72,11 @@ def _read(path: Path) -> ModelFolder:
     config = _read_json(path / "config.json")
     if not config:
         raise ModelError(f"no config.json in model folder {path}")
-    architecture = (config.get("architectures") or ["AutoModel"])[0]
-    modules = _read_json(path / "modules.json").get("modules", [])
+    architectures = config.get("architectures") or ["AutoModel"]
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ModelError(f"'architectures' in {path / 'config.json'} must be a list of class names")
+    architecture = architectures[0]
+    modules = _read_json(path / "modules.json", list_key="modules").get("modules", [])
     st_config = _read_json(path / "sentence_bert_config.json")
     kind = _kind(architecture, config)
     id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}

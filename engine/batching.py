@@ -36,21 +36,25 @@ def take_batch(pending: deque[Keyed], max_tokens: int, max_size: int) -> list[Ke
 
 
 def split_by_tokens(batch: list[Keyed], budget: int = GROUP_TOKENS) -> list[list[Keyed]]:
-    """For packed models, which pay for real tokens only: the fewest groups of near-equal size within
-    the token budget, oldest first (length does not matter, so neither does order).
+    """For packed models, which pay for real tokens only: groups of near-equal size within the token
+    budget (an input longer than the budget runs alone), oldest first (length does not matter, so
+    neither does order).
 
     Groups stream back one by one, so the HTTP process renders while the engine computes.
     """
     total = sum(n_tokens(item) for item in batch)
     target = total / max(1, -(-total // budget))  # ceil(total / budget) groups of equal share
-    groups: list[list[Keyed]] = [[]]
+    groups: list[list[Keyed]] = []
     seen = 0
+    in_group = 0
     for item in batch:
         length = n_tokens(item)
-        if groups[-1] and seen + length / 2 > target * len(groups):
+        if not groups or (in_group and (seen + length / 2 > target * len(groups) or in_group + length > budget)):
             groups.append([])
+            in_group = 0
         groups[-1].append(item)
         seen += length
+        in_group += length
     return groups
 
 

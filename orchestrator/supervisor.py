@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing.process
 import queue
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
@@ -26,6 +27,9 @@ from orchestrator.forkserver import StartMethod
 from orchestrator.restart_budget import RestartBudget
 
 STOP_GRACE_S = 5.0
+# At shutdown an engine gets this long to finish its batch before it is killed: whatever it held
+# has been answered 503 already, and the drain must end within WARMPOOL_DRAIN_TIMEOUT + ~2 s.
+SHUTDOWN_GRACE_S = 1.0
 
 log = structlog.get_logger("warmpool.supervisor")
 
@@ -120,9 +124,10 @@ class EngineSupervisor:
         """Stop the engines (each finishes its batch) and the forkserver; no process left behind."""
         self._stopping.set()
         self._lost.put(None)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
         for process in self.processes:
             if process is not None:
-                process.join(STOP_GRACE_S)
+                process.join(max(deadline - time.monotonic(), 0.0))
                 if process.is_alive():
                     process.kill()
                     process.join(STOP_GRACE_S)

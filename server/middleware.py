@@ -40,10 +40,10 @@ class RequestTracking:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (b"x-request-id", request_id.encode("latin-1")),
-                ]
+                extra = [(b"x-request-id", request_id.encode("latin-1"))]
+                if self.svc.startup.draining:  # pooled clients move to another replica
+                    extra.append((b"connection", b"close"))
+                message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
         self.svc.in_flight += 1

@@ -1,0 +1,321 @@
+"""Reading a model folder from its config files: kind, pooling, lengths, labels; ModelError for anything else."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.modelfolder import ModelError, read_model_folder
+
+BERT_CONFIG: dict[str, Any] = {
+    "architectures": ["BertModel"],
+    "model_type": "bert",
+    "hidden_act": "gelu",
+    "hidden_size": 32,
+    "vocab_size": 100,
+    "max_position_embeddings": 512,
+    "position_embedding_type": "absolute",
+}
+
+TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
+POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
+NORMALIZE = {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+DENSE = {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+
+MEAN_POOLING = {
+    "word_embedding_dimension": 32,
+    "pooling_mode_cls_token": False,
+    "pooling_mode_mean_tokens": True,
+    "pooling_mode_max_tokens": False,
+    "pooling_mode_mean_sqrt_len_tokens": False,
+}
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def make_folder(
+    root: Path,
+    config: Any = BERT_CONFIG,
+    *,
+    modules: list[Any] | None = None,
+    pooling: dict[str, Any] | None = None,
+    st_config: dict[str, Any] | None = None,
+    tokenizer: dict[str, Any] | None = None,
+    weights: bool = False,
+) -> Path:
+    """A model folder with the given JSON files (those left as None are not written)."""
+    folder = root / "model"
+    folder.mkdir()
+    write_json(folder / "config.json", config)
+    if modules is not None:
+        write_json(folder / "modules.json", modules)
+    if pooling is not None:
+        write_json(folder / "1_Pooling" / "config.json", pooling)
+    if st_config is not None:
+        write_json(folder / "sentence_bert_config.json", st_config)
+    if tokenizer is not None:
+        write_json(folder / "tokenizer_config.json", tokenizer)
+    if weights:
+        (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+def classifier_config(labels: list[str]) -> dict[str, Any]:
+    return {
+        **BERT_CONFIG,
+        "architectures": ["BertForSequenceClassification"],
+        "id2label": {str(i): label for i, label in enumerate(labels)},
+        "label2id": {label: i for i, label in enumerate(labels)},
+    }
+
+
+# The real model, read in place (config files only; the weights are not opened).
+
+
+def test_minilm_is_a_normalized_mean_pooling_embedding_model(model_dir: Path) -> None:
+    """all-MiniLM-L6-v2's modules say mean pooling then Normalize; it embeds into 384 dimensions."""
+    folder = read_model_folder(model_dir)
+    assert (folder.kind, folder.pooling, folder.normalize) == ("embedding", "mean", True)
+    assert (folder.hidden_size, folder.vocab_size, folder.dimensions) == (384, 30522, 384)
+
+
+def test_minilm_max_model_len_comes_from_its_sentence_bert_config(model_dir: Path) -> None:
+    """Its sentence_bert_config.json says 256, below the 512 of its position embeddings."""
+    assert read_model_folder(model_dir).max_model_len == 256
+
+
+def test_minilm_is_served_natively(model_dir: Path) -> None:
+    """A plain BertModel with model.safetensors runs on engine.bert, without transformers."""
+    assert read_model_folder(model_dir).native is True
+
+
+# Embedding folders
+
+
+def test_mean_pooling_and_normalize_modules_are_read(tmp_path: Path) -> None:
+    """Pooling's mean flag and a Normalize module give mean pooling with normalized vectors."""
+    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING, NORMALIZE], pooling=MEAN_POOLING)
+    info = read_model_folder(folder)
+    assert (info.kind, info.pooling, info.normalize) == ("embedding", "mean", True)
+
+
+def test_without_a_normalize_module_vectors_are_not_normalized(tmp_path: Path) -> None:
+    """Normalization comes only from a Normalize module."""
+    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING], pooling=MEAN_POOLING)
+    assert read_model_folder(folder).normalize is False
+
+
+def test_cls_pooling_is_read_from_pooling_mode_cls_token(tmp_path: Path) -> None:
+    """pooling_mode_cls_token set (and mean unset) is CLS pooling."""
+    pooling = {**MEAN_POOLING, "pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}
+    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING], pooling=pooling)
+    assert read_model_folder(folder).pooling == "cls"
+
+
+@pytest.mark.parametrize("mode", ["cls", "max", "lasttoken", "mean"])
+def test_pooling_is_read_from_the_pooling_mode_string(tmp_path: Path, mode: str) -> None:
+    """The string form {"pooling_mode": "cls"} names the pooling as well as the boolean flags do."""
+    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING], pooling={"pooling_mode": mode})
+    assert read_model_folder(folder).pooling == mode
+
+
+def test_a_plain_encoder_without_modules_gets_mean_pooling(tmp_path: Path) -> None:
+    """No modules.json: mean pooling without normalization, as sentence-transformers would give it."""
+    info = read_model_folder(make_folder(tmp_path))
+    assert (info.kind, info.pooling, info.normalize) == ("embedding", "mean", False)
+
+
+def test_an_embedding_model_has_hidden_size_dimensions(tmp_path: Path) -> None:
+    """An embedding model's vectors are hidden_size long."""
+    assert read_model_folder(make_folder(tmp_path, {**BERT_CONFIG, "hidden_size": 48})).dimensions == 48
+
+
+# Lengths
+
+
+def test_max_model_len_is_sentence_bert_config_max_seq_length_when_present(tmp_path: Path) -> None:
+    """max_seq_length wins over both the position embeddings and the tokenizer's limit."""
+    folder = make_folder(tmp_path, st_config={"max_seq_length": 128}, tokenizer={"model_max_length": 256})
+    assert read_model_folder(folder).max_model_len == 128
+
+
+@pytest.mark.parametrize(("positions", "tokenizer_max", "expected"), [(512, 256, 256), (512, 1024, 512)])
+def test_max_model_len_is_the_smaller_of_positions_and_tokenizer_limit(
+    tmp_path: Path, positions: int, tokenizer_max: int, expected: int
+) -> None:
+    """Without max_seq_length: min(max_position_embeddings, tokenizer model_max_length)."""
+    config = {**BERT_CONFIG, "max_position_embeddings": positions}
+    folder = make_folder(tmp_path, config, tokenizer={"model_max_length": tokenizer_max})
+    assert read_model_folder(folder).max_model_len == expected
+
+
+def test_max_model_len_ignores_the_tokenizers_no_limit_sentinel(tmp_path: Path) -> None:
+    """transformers writes int(1e30) for "no limit"; the position embeddings then decide."""
+    folder = make_folder(tmp_path, tokenizer={"model_max_length": int(1e30)})
+    assert read_model_folder(folder).max_model_len == 512
+
+
+def test_max_model_len_is_max_position_embeddings_without_tokenizer_config(tmp_path: Path) -> None:
+    """With neither sentence_bert_config nor tokenizer_config, max_position_embeddings decides."""
+    folder = make_folder(tmp_path, {**BERT_CONFIG, "max_position_embeddings": 128})
+    assert read_model_folder(folder).max_model_len == 128
+
+
+# Classifiers
+
+
+def test_a_sequence_classifier_with_one_label_is_a_cross_encoder(tmp_path: Path) -> None:
+    """One output label: a cross-encoder, scoring with one number."""
+    info = read_model_folder(make_folder(tmp_path, classifier_config(["relevance"])))
+    assert info.kind == "cross-encoder"
+    assert (info.id2label, info.dimensions) == ({0: "relevance"}, 1)
+
+
+def test_a_sequence_classifier_with_three_labels_is_a_classifier_with_its_labels(tmp_path: Path) -> None:
+    """Several labels: classification, with id2label keyed by int in label order."""
+    info = read_model_folder(make_folder(tmp_path, classifier_config(["negative", "neutral", "positive"])))
+    assert info.kind == "classification"
+    assert info.id2label == {0: "negative", 1: "neutral", 2: "positive"}
+    assert info.dimensions == 3
+
+
+def test_num_labels_one_without_id2label_is_a_cross_encoder_scoring_as_score(tmp_path: Path) -> None:
+    """num_labels=1 alone makes a cross-encoder; its single output is named "score"."""
+    config = {**BERT_CONFIG, "architectures": ["BertForSequenceClassification"], "num_labels": 1}
+    info = read_model_folder(make_folder(tmp_path, config))
+    assert (info.kind, info.id2label) == ("cross-encoder", {0: "score"})
+
+
+# Native (engine.bert) or transformers
+
+
+def test_a_plain_bert_with_safetensors_weights_is_native(tmp_path: Path) -> None:
+    """BertModel, absolute positions, exact GELU and a model.safetensors: served without transformers."""
+    assert read_model_folder(make_folder(tmp_path, weights=True)).native is True
+
+
+def test_a_plain_bert_without_safetensors_weights_is_not_native(tmp_path: Path) -> None:
+    """Without model.safetensors (say, only pytorch_model.bin) transformers has to load it."""
+    assert read_model_folder(make_folder(tmp_path, weights=False)).native is False
+
+
+def test_a_non_bert_model_with_safetensors_weights_is_not_native(tmp_path: Path) -> None:
+    """Only BERT is native: another model_type needs transformers whatever its weights' format."""
+    config = {**BERT_CONFIG, "model_type": "roberta", "architectures": ["RobertaModel"]}
+    assert read_model_folder(make_folder(tmp_path, config, weights=True)).native is False
+
+
+# Broken folders: always ModelError, with a message that names the problem
+
+
+def test_a_missing_folder_is_a_model_error_naming_it(tmp_path: Path) -> None:
+    """A path with no folder behind it is reported as not found."""
+    missing = tmp_path / "nope"
+    with pytest.raises(ModelError, match="not found") as caught:
+        read_model_folder(missing)
+    assert str(missing) in str(caught.value)
+
+
+def test_a_folder_without_config_json_is_a_model_error(tmp_path: Path) -> None:
+    """A folder with no config.json is not a model."""
+    with pytest.raises(ModelError, match=r"no config\.json"):
+        read_model_folder(tmp_path)
+
+
+def test_a_config_json_that_is_not_json_is_a_model_error_naming_the_file(tmp_path: Path) -> None:
+    """Unparseable config.json: the message says which file could not be read."""
+    folder = make_folder(tmp_path)
+    (folder / "config.json").write_text('{"architectures": ["BertModel"')
+    with pytest.raises(ModelError, match=r"cannot read .*config\.json"):
+        read_model_folder(folder)
+
+
+def test_a_config_json_that_is_a_json_string_is_a_model_error(tmp_path: Path) -> None:
+    """config.json must hold a JSON object; a string is refused as such."""
+    with pytest.raises(ModelError, match=r"config\.json is not a JSON object"):
+        read_model_folder(make_folder(tmp_path, "BertModel"))
+
+
+def test_a_config_json_that_is_a_json_list_is_a_model_error(tmp_path: Path) -> None:
+    """config.json must hold a JSON object; a list is refused too (modules.json may be one, config.json not)."""
+    with pytest.raises(ModelError, match=r"config\.json"):
+        read_model_folder(make_folder(tmp_path, [BERT_CONFIG]))
+
+
+def test_a_config_json_nested_too_deep_to_parse_is_a_model_error(tmp_path: Path) -> None:
+    """JSON nested past the parser's recursion limit is unreadable, not a crash of another type."""
+    folder = make_folder(tmp_path)
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ModelError, match=r"config\.json"):
+        read_model_folder(folder)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"max_position_embeddings": "lots"},
+        {"hidden_size": [384]},
+        {"hidden_size": math.inf},
+        {"architectures": 5},
+        {"architectures": [5]},
+        {"architectures": "BertModel"},
+        {"architectures": ["BertForSequenceClassification"], "id2label": [1, 2]},
+        {"architectures": ["BertForSequenceClassification"], "id2label": {"first": "a"}},
+    ],
+    ids=[
+        "positions-is-a-word",
+        "hidden-size-is-a-list",
+        "hidden-size-is-infinite",
+        "architectures-is-a-number",
+        "architecture-is-a-number",
+        "architectures-is-a-string",
+        "id2label-is-a-list",
+        "id2label-key-is-not-a-number",
+    ],
+)
+def test_config_values_of_the_wrong_type_are_a_model_error(tmp_path: Path, changes: dict[str, Any]) -> None:
+    """A config.json of the wrong shape is refused as a ModelError naming the folder, never a crash."""
+    folder = make_folder(tmp_path, {**BERT_CONFIG, **changes})
+    with pytest.raises(ModelError) as caught:
+        read_model_folder(folder)
+    assert str(folder) in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"modules": ["sentence_transformers.models.Transformer"]},
+        {"modules": [{**POOLING, "path": 5}]},
+        {"st_config": {"max_seq_length": "long"}},
+    ],
+    ids=["module-entry-is-a-string", "module-path-is-a-number", "max-seq-length-is-not-a-number"],
+)
+def test_other_config_files_of_the_wrong_shape_are_a_model_error(tmp_path: Path, files: dict[str, Any]) -> None:
+    """The sentence-transformers files are checked as strictly as config.json."""
+    folder = make_folder(tmp_path, **files)
+    with pytest.raises(ModelError) as caught:
+        read_model_folder(folder)
+    assert str(folder) in str(caught.value)
+
+
+def test_combined_pooling_modes_are_a_model_error_naming_them(tmp_path: Path) -> None:
+    """Mean and CLS pooling at once cannot be served; the message lists the modes."""
+    pooling = {**MEAN_POOLING, "pooling_mode_cls_token": True}
+    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING], pooling=pooling)
+    with pytest.raises(ModelError, match="combined pooling modes") as caught:
+        read_model_folder(folder)
+    assert "mean" in str(caught.value) and "cls" in str(caught.value)
+
+
+def test_an_unsupported_sentence_transformers_module_is_a_model_error_naming_it(tmp_path: Path) -> None:
+    """A Dense layer after pooling changes the vectors; refusing beats serving wrong ones."""
+    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING, DENSE], pooling=MEAN_POOLING)
+    with pytest.raises(ModelError, match=r"sentence_transformers\.models\.Dense is not supported"):
+        read_model_folder(folder)
