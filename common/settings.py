@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     drain_timeout: float = Field(30.0, ge=0, description="Seconds to finish in-flight requests on SIGTERM.")
     fail_linger: float = Field(10.0, ge=0, description="Seconds a failed start keeps /health/startup up.")
     request_timeout: float = Field(120.0, gt=0, description="Seconds a request may wait for the engine.")
+    read_timeout: float = Field(
+        30.0, gt=0, description="Seconds a client may take to send a request's headers, and again its body."
+    )
 
     api_key: SecretStr | None = Field(None, description="Bearer token required on API routes.")
     api_key_file: Path | None = Field(None, description="File holding the API key (a mounted secret).")

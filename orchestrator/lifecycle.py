@@ -24,6 +24,7 @@ from orchestrator.forkserver import StartMethod
 from orchestrator.supervisor import EngineStartError, EngineSupervisor
 from server.app import create_app, with_middleware
 from server.engine_client import BatchStats, EngineClient
+from server.header_timeout import with_header_timeout
 from server.services import ServedModel, Services
 from server.tokenizer import TokenizerPool
 
@@ -188,6 +189,7 @@ def run_server(
         access_log=False,
         lifespan="off",
         timeout_keep_alive=30,
+        http=with_header_timeout(settings.read_timeout),
         # The drain has already waited for in-flight work and answered the rest 503: uvicorn only
         # closes connections, so SIGTERM exits within WARMPOOL_DRAIN_TIMEOUT + ~2 s.
         timeout_graceful_shutdown=1,

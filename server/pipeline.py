@@ -10,9 +10,10 @@ the request's last row arrives.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -70,16 +71,45 @@ def request_context(svc: Services, admitted: bool = True) -> RequestContext:
     return RequestContext(svc.default_model(), svc.models, svc.settings, svc.admission if admitted else None)
 
 
+async def read_body(request: Request, svc: Services) -> bytes:
+    """The whole body within WARMPOOL_READ_TIMEOUT, else 408. Read before any admission permit is
+    taken, so uploads that never arrive cannot hold the permits admitted work needs."""
+    try:
+        return await asyncio.wait_for(request.body(), svc.settings.read_timeout)
+    except TimeoutError:
+        svc.metrics.rejections.labels(reason="read_timeout").inc()
+        raise APIError(
+            408,
+            f"request body not received within {svc.settings.read_timeout:g} s",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
+
+
+@contextlib.contextmanager
+def admitted(svc: Services) -> Iterator[RequestContext]:
+    """A request context holding the request's first admission permit (taken on the loop, so a full
+    server refuses at once with 429); prepare takes the rest. Every permit is released on exit."""
+    ctx = request_context(svc)
+    try:
+        ctx.admit(1)
+        yield ctx
+    except APIError as exc:
+        if exc.status == 429:
+            svc.metrics.rejections.labels(reason="overloaded").inc()
+        raise
+    finally:
+        ctx.release()
+
+
 async def answer(request: Request, prepare: Prepare, render: Render) -> Response:
     """The whole pipeline for one request; every failure leaves as an APIError."""
     svc = services(request)
     timings = Timings()
-    ctx = request_context(svc)
-    try:
-        # Every request needs a permit for its first input: take it here, on the loop, so a full
-        # server refuses at once; the rest are taken after parsing, before tokenizing.
-        ctx.admit(1)
-        prepared = await svc.off_loop(prepare, await request.body(), ctx)
+    svc.default_model()  # 503 before reading the body of a request that cannot be served
+    raw = await read_body(request, svc)
+    with admitted(svc) as ctx:
+        prepared = await svc.off_loop(prepare, raw, ctx)
         timings.tokenization_ms = (time.perf_counter() - timings.started) * 1000
         gone = asyncio.ensure_future(_client_gone(request))
         try:
@@ -88,14 +118,8 @@ async def answer(request: Request, prepare: Prepare, render: Render) -> Response
             )
         finally:
             gone.cancel()
-        body = outcome.rendered
-    except APIError as exc:
-        _count_rejection(svc, exc)
-        raise
-    finally:
-        ctx.release()
     request.state.access = {"inputs": len(prepared.tokens), "tokens": prepared.n_tokens, "timings": timings}
-    return json_response(body, timings)
+    return json_response(outcome.rendered, timings)
 
 
 async def answer_without_engine(request: Request, respond: Callable[[bytes, RequestContext], bytes]) -> Response:
@@ -103,21 +127,11 @@ async def answer_without_engine(request: Request, respond: Callable[[bytes, Requ
     so they cannot queue unbounded jobs on the executor that pooling requests share."""
     svc = services(request)
     timings = Timings()
-    ctx = request_context(svc)
-    try:
-        ctx.admit(1)
-        body = await svc.off_loop(respond, await request.body(), ctx)
-    except APIError as exc:
-        _count_rejection(svc, exc)
-        raise
-    finally:
-        ctx.release()
+    svc.default_model()
+    raw = await read_body(request, svc)
+    with admitted(svc) as ctx:
+        body = await svc.off_loop(respond, raw, ctx)
     return json_response(body, timings)
-
-
-def _count_rejection(svc: Services, exc: APIError) -> None:
-    if exc.status == 429:
-        svc.metrics.rejections.labels(reason="overloaded").inc()
 
 
 async def run_on_engine(

@@ -1,0 +1,84 @@
+"""Slow and stalled clients cannot take the server down: bounded header and body reads."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server_process import ServerProcess, wait_for
+
+READ_TIMEOUT_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def guarded(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server with 2 admission permits and a short read timeout."""
+    log = tmp_path_factory.mktemp("logs") / "slow.log"
+    server = ServerProcess(model_dir, log, max_concurrent_inputs=2, read_timeout=READ_TIMEOUT_S).wait_ready()
+    yield server
+    server.stop()
+
+
+def connect(server: ServerProcess) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    return sock
+
+
+def stalled_upload(server: ServerProcess) -> socket.socket:
+    """Headers that promise a 1000-byte body, then only 10 bytes of it."""
+    sock = connect(server)
+    head = "POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+    sock.sendall(head.encode() + b'{"input": ')
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_stalled_uploads_do_not_starve_admitted_work(guarded: ServerProcess) -> None:
+    """More stalled uploads than permits: a complete request is still served, since bodies are read
+    before any permit is taken."""
+    stalled = [stalled_upload(guarded) for _ in range(4)]
+    try:
+        r = guarded.post("/v1/embeddings", json={"input": "a complete request"})
+        assert r.status_code == 200, r.text
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408_and_the_connection_closes(guarded: ServerProcess) -> None:
+    """Past the read timeout a stalled body gets 408 in the OpenAI shape, then the connection closes."""
+    sock = stalled_upload(guarded)
+    with sock:
+        answer = read_all(sock)  # returns once the server closes: no hang
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b'"code":"request_timeout"' in body
+
+
+def test_headers_that_never_complete_are_cut_off(guarded: ServerProcess) -> None:
+    """A connection that sends half a request line (a slowloris) is closed by the server."""
+    sock = connect(guarded)
+    with sock:
+        sock.sendall(b"POST /v1/embeddings HT")
+        assert read_all(sock) == b""  # closed without an answer, instead of held forever
+
+
+def test_an_idle_connection_is_cut_off(guarded: ServerProcess) -> None:
+    """A connection that sends nothing at all is closed too."""
+    with connect(guarded) as sock:
+        assert read_all(sock) == b""
+
+
+def test_permits_are_all_free_afterwards(guarded: ServerProcess) -> None:
+    """Timed-out and abandoned uploads give back every permit."""
+    wait_for(lambda: "warmpool_inputs_in_flight 0.0" in guarded.get("/metrics").text, 10, "permits back to 0")
