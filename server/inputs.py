@@ -22,6 +22,9 @@ from server.tokenizer import TokenizerPool
 
 M = TypeVar("M", bound=BaseModel)
 
+# Real text runs 3-6 characters per token; 32 leaves room for long words and rare scripts.
+CHARS_PER_TOKEN = 32
+
 
 def parse(model: type[M], raw: bytes) -> M:
     try:
@@ -104,7 +107,6 @@ def tokenize_inputs(
 ) -> list[Tokens]:
     """Text or token ids -> checked token lists, one per input (admitted first)."""
     info, tokenizers = ctx.folder, ctx.tokenizers
-    limit = truncation_limit(truncate, info)
     if isinstance(value, str):
         texts: list[Any] = [value]
     elif value and isinstance(value[0], int):
@@ -115,11 +117,12 @@ def tokenize_inputs(
         raise bad_request(f"'{field}' must not be empty", field)
     ctx.admit(len(texts), field)
     if isinstance(texts[0], str):
-        if limit is None:
-            tokens = tokenizers.encode_batch(texts)
-        else:
-            tokens = [tokenizers.encode(text, truncate=limit) for text in texts]
+        limit = truncation_limit(truncate, ctx)
+        where = [f"{field}[{i}]" if len(texts) > 1 else field for i in range(len(texts))]
+        texts = [capped(text, info, name, limit is not None) for text, name in zip(texts, where, strict=True)]
+        tokens = tokenizers.encode_batch(texts, limit)
     else:
+        limit = truncation_limit(truncate, ctx, text=False)
         vocab = info.vocab_size or tokenizers.vocab_size
         tokens = [Tokens(_checked_ids(ids, i, vocab, field)[:limit]) for i, ids in enumerate(texts)]
     for i, tok in enumerate(tokens):
@@ -127,18 +130,42 @@ def tokenize_inputs(
     return tokens
 
 
-def truncation_limit(truncate: int | None, info: ModelFolder) -> int | None:
+def truncation_limit(truncate: int | None, ctx: RequestContext, text: bool = True) -> int | None:
+    """The token count to cut inputs to, or None. A text keeps its special tokens when cut, so the
+    limit must leave room for at least one token of it besides them."""
     if truncate is None:
         return None
+    info = ctx.folder
     if truncate == -1:
         return info.max_model_len
-    if truncate == 0 or truncate > info.max_model_len:
+    least = ctx.tokenizers.special_tokens + 1 if text else 1
+    if truncate < least or truncate > info.max_model_len:
         raise bad_request(
-            f"truncate_prompt_tokens must be -1 or between 1 and the model's maximum of "
+            f"truncate_prompt_tokens must be -1 or between {least} and the model's maximum of "
             f"{info.max_model_len} tokens, got {truncate}",
             "truncate_prompt_tokens",
         )
     return truncate
+
+
+def max_chars(info: ModelFolder) -> int:
+    """Characters an input may have: CHARS_PER_TOKEN per token the model takes. A longer text is
+    refused (or cut, when truncation was asked for) before it reaches the tokenizer, whose cost
+    grows with the characters, not with the tokens kept."""
+    return CHARS_PER_TOKEN * info.max_model_len
+
+
+def capped(text: str, info: ModelFolder, where: str, truncating: bool) -> str:
+    limit = max_chars(info)
+    if len(text) <= limit:
+        return text
+    if truncating:  # far more characters than the tokens kept need: the cut is never reached
+        return text[:limit]
+    raise bad_request(
+        f"{where} has {len(text)} characters, more than the {limit} this model's {info.max_model_len}-token "
+        "maximum allows; shorten it or set truncate_prompt_tokens",
+        where.split("[")[0],
+    )
 
 
 def _checked_ids(ids: list[int], index: int, vocab: int, field: str) -> list[int]:

@@ -11,6 +11,7 @@ from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
 from server.protocol import ClassifyRequest, TEIPredictRequest, openapi_body
+from server.tokenizer import TextOrPair
 
 router = APIRouter(tags=["classification"])
 CLASSIFIERS = ("classification", "cross-encoder")
@@ -45,13 +46,16 @@ def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[TEIPredictReque
         raise inputs.bad_request("'inputs' must not be empty", "inputs")
     ctx.admit(len(texts), "inputs")
     truncate = ctx.folder.max_model_len if body.truncate else None
-    tokens = []
+    items: list[TextOrPair] = []
     for i, item in enumerate(texts):
         if isinstance(item, list) and len(item) != 2:
             raise inputs.bad_request(f"inputs[{i}] must be a text or a pair of texts", "inputs")
-        text, pair = (item[0], item[1]) if isinstance(item, list) else (str(item), None)
-        tokens.append(ctx.tokenizers.encode(text, pair, truncate=truncate))
-        inputs.check_length(len(tokens[-1].input_ids), ctx.folder, f"inputs[{i}]")
+        sides: list[str] = item if isinstance(item, list) else [str(item)]
+        capped = [inputs.capped(text, ctx.folder, f"inputs[{i}]", truncate is not None) for text in sides]
+        items.append((capped[0], capped[1]) if len(capped) == 2 else capped[0])
+    tokens = ctx.tokenizers.encode_batch(items, truncate)
+    for i, tok in enumerate(tokens):
+        inputs.check_length(len(tok.input_ids), ctx.folder, f"inputs[{i}]")
     return Prepared(body, tokens, extra=isinstance(body.inputs, str))
 
 

@@ -39,27 +39,35 @@ def tokenize_pairs(
     lefts: list[str], rights: list[str], ctx: RequestContext, truncate: int | None, fields: tuple[str, str]
 ) -> tuple[list[Tokens], Pairs]:
     """Token lists for the pairs: one per pair for a cross-encoder, one per unique text for a
-    bi-encoder (one admission permit per list). Errors name the request's own `fields`."""
-    limit = inputs.truncation_limit(truncate, ctx.folder)
+    bi-encoder (one admission permit per list). Errors name the request's own `fields`.
+
+    Every text is checked once, before any pairing: a long query is refused (or cut) once, not
+    tokenized again against each document."""
+    limit = inputs.truncation_limit(truncate, ctx)
     left_field, right_field = fields
-    if ctx.folder.kind == "cross-encoder":
-        ctx.admit(len(lefts), right_field)
-        tokens = [ctx.tokenizers.encode(q, d, truncate=limit) for q, d in zip(lefts, rights, strict=True)]
+    one_left = len(set(lefts)) == 1  # a query against every document
+    origin: dict[str, str] = {}
+    for i, text in enumerate(lefts):
+        origin.setdefault(text, left_field if one_left else f"{left_field}[{i}]")
+    for i, text in enumerate(rights):
+        origin.setdefault(text, f"{right_field}[{i}]")
+    cross = ctx.folder.kind == "cross-encoder"
+    ctx.admit(len(lefts) if cross else len(origin), right_field)
+    texts = {text: inputs.capped(text, ctx.folder, name, limit is not None) for text, name in origin.items()}
+    if cross:
+        if limit is None:  # each query alone must fit before it is paired with every document
+            queries = list(dict.fromkeys(lefts))
+            for query, tok in zip(queries, ctx.tokenizers.encode_batch([texts[q] for q in queries]), strict=True):
+                inputs.check_length(len(tok.input_ids), ctx.folder, origin[query])
+        tokens = ctx.tokenizers.encode_batch([(texts[q], texts[d]) for q, d in zip(lefts, rights, strict=True)], limit)
         index = list(range(len(tokens)))
         pairs = Pairs(len(tokens), True, index, index)
         where = [f"{right_field}[{i}]" for i in index]
     else:
-        unique = list(dict.fromkeys(lefts + rights))
-        ctx.admit(len(unique), right_field)
+        unique = list(origin)
         position = {text: i for i, text in enumerate(unique)}
-        tokens = [ctx.tokenizers.encode(text, truncate=limit) for text in unique]
+        tokens = ctx.tokenizers.encode_batch([texts[t] for t in unique], limit)
         pairs = Pairs(len(lefts), False, [position[t] for t in lefts], [position[t] for t in rights])
-        one_left = len(set(lefts)) == 1  # a query against every document
-        origin: dict[str, str] = {}
-        for i, text in enumerate(lefts):
-            origin.setdefault(text, left_field if one_left else f"{left_field}[{i}]")
-        for i, text in enumerate(rights):
-            origin.setdefault(text, f"{right_field}[{i}]")
         where = [origin[text] for text in unique]
     for tok, name in zip(tokens, where, strict=True):
         inputs.check_length(len(tok.input_ids), ctx.folder, name)

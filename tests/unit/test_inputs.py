@@ -12,7 +12,7 @@ from common.modelfolder import ModelFolder, read_model_folder
 from common.settings import Settings
 from server.admission import Admission
 from server.errors import APIError
-from server.inputs import RequestContext, tokenize_inputs
+from server.inputs import RequestContext, max_chars, tokenize_inputs
 from server.routes.score import tokenize_pairs
 from server.services import ServedModel
 from server.tokenizer import TokenizerPool
@@ -87,3 +87,47 @@ def test_a_too_long_document_is_named_by_the_requests_own_field(
         tokenize_pairs(["q"] * 2, ["short", "word " * 400], ctx, None, ("query", "documents"))
     assert caught.value.status == 400 and caught.value.param == "documents"
     assert "documents[1]" in caught.value.message
+
+
+def test_a_text_past_the_character_cap_is_refused_before_tokenizing(
+    folder: ModelFolder, tokenizers: TokenizerPool
+) -> None:
+    """Without truncation, a text of more characters than the model's tokens could ever need is a
+    400 naming the input and the cap."""
+    ctx = context(folder, tokenizers)
+    with pytest.raises(APIError) as caught:
+        tokenize_inputs(["ok", "x" * (max_chars(folder) + 1)], ctx, None)
+    assert caught.value.status == 400 and caught.value.param == "input"
+    assert "input[1]" in caught.value.message and str(max_chars(folder)) in caught.value.message
+
+
+def test_with_truncation_a_huge_text_gives_the_tokens_of_the_whole_text(
+    folder: ModelFolder, tokenizers: TokenizerPool
+) -> None:
+    """Asked to truncate, a text past the cap is cut to it first, and yields exactly the tokens the
+    whole text truncated would."""
+    ctx = context(folder, tokenizers)
+    huge = "warm pools start fast " * 20_000  # 440 KB
+    (tokens,) = tokenize_inputs(huge, ctx, -1)
+    assert tokens == tokenizers.encode(huge, truncate=folder.max_model_len)
+    assert len(tokens.input_ids) == folder.max_model_len
+
+
+def test_truncation_shorter_than_the_special_tokens_is_a_400(folder: ModelFolder, tokenizers: TokenizerPool) -> None:
+    """truncate_prompt_tokens must leave room for one token besides [CLS] and [SEP]."""
+    ctx = context(folder, tokenizers)
+    with pytest.raises(APIError) as caught:
+        tokenize_inputs("hello world", ctx, 2)
+    assert caught.value.status == 400 and caught.value.param == "truncate_prompt_tokens"
+    assert "between 3 and" in caught.value.message
+    (tokens,) = tokenize_inputs("hello world", ctx, 3)
+    assert len(tokens.input_ids) == 3
+
+
+def test_a_too_long_query_is_refused_once_before_pairing(folder: ModelFolder, tokenizers: TokenizerPool) -> None:
+    """On a cross-encoder, a query over the model's maximum is a 400 naming `query`, found before
+    it is paired with (and tokenized against) each document."""
+    ctx = context(folder, tokenizers, kind="cross-encoder")
+    with pytest.raises(APIError) as caught:
+        tokenize_pairs(["word " * 300] * 50, ["doc"] * 50, ctx, None, ("query", "documents"))
+    assert caught.value.param == "query" and "query has" in caught.value.message
