@@ -70,6 +70,12 @@ class Settings(BaseSettings):
     drain_timeout: float = Field(30.0, ge=0, description="Seconds to finish in-flight requests on SIGTERM.")
     fail_linger: float = Field(10.0, ge=0, description="Seconds a failed start keeps /health/startup up.")
     request_timeout: float = Field(120.0, gt=0, description="Seconds a request may wait for the engine.")
+    engine_stall_timeout: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds an engine with work may answer nothing before it is replaced; "
+        "default from warm-up: 8 x a full batch's time, at least 10 s.",
+    )
     read_timeout: float = Field(
         30.0, gt=0, description="Seconds a client may take to send a request's headers, and again its body."
     )
@@ -96,6 +102,13 @@ class Settings(BaseSettings):
     def shared_engine_threads(self) -> int:
         """Each engine's share of engine_threads while the others are busy too."""
         return max(1, self.engine_threads // self.engines)
+
+    def stall_timeout(self, ms_per_token: float) -> float:
+        """engine_stall_timeout, or 8 x the time of a full batch as warm-up measured it, at least 10 s:
+        an engine alone answers every group of a batch well within it, even sharing the cores."""
+        if self.engine_stall_timeout is not None:
+            return self.engine_stall_timeout
+        return max(10.0, 8 * self.max_batch_tokens * ms_per_token / 1000)
 
     @property
     def admission_permits(self) -> int:

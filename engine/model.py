@@ -61,11 +61,13 @@ class PoolingModel:
             return out.logits.float().numpy()  # type: ignore[no-any-return]
         return pool(out.last_hidden_state, mask, self.info.pooling).float().numpy()
 
-    def warm_up(self) -> float:
-        """Pay first-call costs before readiness flips; return the per-call overhead in tokens.
+    def warm_up(self) -> tuple[float, float]:
+        """Pay first-call costs before readiness flips; return the per-call overhead in tokens and
+        the seconds one token costs.
 
         The overhead (fixed cost of one forward, in units of one token's cost) is what the
-        batcher weighs against padding when it splits a batch.
+        batcher weighs against padding when it splits a batch; the cost per token sizes the
+        stall watchdog's default timeout.
         """
         token = self.pad_id + 1
         self.forward([Tokens([token] * self.info.max_model_len)])
@@ -78,7 +80,7 @@ class PoolingModel:
         t_small, t_large = min(timings[0::2]), min(timings[1::2])
         per_token = max((t_large - t_small) / (large[0] * large[1] - small[0] * small[1]), 1e-9)
         overhead = (t_small - small[0] * small[1] * per_token) / per_token
-        return min(max(overhead, 1.0), 512.0)
+        return min(max(overhead, 1.0), 512.0), per_token
 
 
 def _transformers_model(info: ModelFolder) -> Any:

@@ -50,13 +50,17 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
             ),
         )
         share.working()
-        overhead = model.warm_up()
+        overhead, per_token_s = model.warm_up()
         share.idle()
         send(
             conn,
             (
                 Msg.READY,
-                {"warmup_s": round(time.monotonic() - loaded, 3), "call_overhead_tokens": round(overhead, 1)},
+                {
+                    "warmup_s": round(time.monotonic() - loaded, 3),
+                    "call_overhead_tokens": round(overhead, 1),
+                    "ms_per_token": round(per_token_s * 1000, 4),
+                },
             ),
         )
     except ModelError as exc:

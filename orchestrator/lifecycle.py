@@ -49,9 +49,18 @@ class EngineWiring:
         assert self.supervisor is not None
         self.supervisor.engine_lost(slot)
 
+    def engine_stalled(self, slot: int, seconds: float) -> None:
+        assert self.supervisor is not None
+        self.services.metrics.stalls.inc()
+        self.supervisor.kill(slot, f"no answer for {seconds:.1f} s with work outstanding")
+
     # SupervisorEvents (supervisor threads)
-    def engine_ready(self, slot: int, conn: Connection) -> None:
+    def engine_ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:
         assert self.client is not None
+        if self.client.stall_timeout_s is None:  # the first engine's warm-up sizes the watchdog
+            timeout = self.services.settings.stall_timeout(float(warmup.get("ms_per_token", 0.0)))
+            self.client.stall_timeout_s = timeout
+            self.services.startup.update("engine", stall_timeout_s=round(timeout, 1))
         self.client.attach(slot, conn)
 
     def engine_restarted(self, slot: int) -> None:

@@ -45,8 +45,8 @@ class RestartBudgetSpent(Exception):
 class SupervisorEvents(Protocol):
     """What the supervisor reports; called on its own threads."""
 
-    def engine_ready(self, slot: int, conn: Connection) -> None:
-        """A (re)started engine is warm: its pipe can take work."""
+    def engine_ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:
+        """A (re)started engine is warm (`warmup`: what its READY said): its pipe can take work."""
 
     def engine_restarted(self, slot: int) -> None: ...
 
@@ -70,6 +70,7 @@ class EngineSupervisor:
         self.processes: list[multiprocessing.process.BaseProcess | None] = [None] * self.count
         self.budget = RestartBudget(settings.max_restarts, settings.restart_window)
         self._up: set[int] = set()
+        self.stalls = 0  # engines killed for answering nothing with work outstanding
         self._stopping = threading.Event()
         self._lost: queue.SimpleQueue[int | None] = queue.SimpleQueue()
 
@@ -91,7 +92,13 @@ class EngineSupervisor:
     def _detail(self) -> dict[str, Any]:
         """The engine phase's detail: `pid` is the first engine's (what single-engine tools read),
         `pids` all of them."""
-        return {"pid": self.pids[0], "pids": self.pids, "up": len(self._up), "restarts": self.budget.used}
+        return {
+            "pid": self.pids[0],
+            "pids": self.pids,
+            "up": len(self._up),
+            "restarts": self.budget.used,
+            "stalls": self.stalls,
+        }
 
     def start_engines(self) -> None:
         """The first engine warms up alone, on every core, and makes the server ready; the rest follow.
@@ -104,8 +111,9 @@ class EngineSupervisor:
         loaded = self._expect(conn, process, Msg.LOADED)
         self.startup.done("engine", **{k: v for k, v in loaded.items() if k != "pid"})
         self.startup.start("warmup")
-        self.startup.done("warmup", **self._expect(conn, process, Msg.READY))
-        self._ready(0, conn)
+        warmup = self._expect(conn, process, Msg.READY)
+        self.startup.done("warmup", **warmup)
+        self._ready(0, conn, warmup)
         threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True).start()
         threading.Thread(target=self._start_others, name="engine-start-others", daemon=True).start()
 
@@ -119,6 +127,16 @@ class EngineSupervisor:
             process = self.processes[slot]
             log.error("engine_lost", slot=slot, pid=process.pid if process else None, up=len(self._up))
             self._lost.put(slot)
+
+    def kill(self, slot: int, reason: str) -> None:
+        """Kill a hung engine (SIGKILL works on a stopped process too); its pipe closes, its inputs
+        move to the other engines and it is replaced like any lost engine."""
+        process = self.processes[slot]
+        if process is not None and process.is_alive():
+            log.error("engine_killed", slot=slot, pid=process.pid, reason=reason)
+            self.stalls += 1
+            self.startup.update("engine", **self._detail())
+            process.kill()
 
     def stop(self) -> None:
         """Stop the engines (each finishes its batch) and the forkserver; no process left behind."""
@@ -158,9 +176,9 @@ class EngineSupervisor:
         self.processes[slot] = process
         return process, parent
 
-    def _ready(self, slot: int, conn: Connection) -> None:
+    def _ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:
         self._up.add(slot)
-        self.events.engine_ready(slot, conn)
+        self.events.engine_ready(slot, conn, warmup)
         self.startup.engine_up = True
         self.startup.update("engine", **self._detail())
         log.info("engine_ready", slot=slot, pid=self.pids[slot], up=len(self._up))
@@ -168,8 +186,7 @@ class EngineSupervisor:
     def _bring_up(self, slot: int) -> None:
         process, conn = self._fork(slot)
         self._expect(conn, process, Msg.LOADED)
-        self._expect(conn, process, Msg.READY)
-        self._ready(slot, conn)
+        self._ready(slot, conn, self._expect(conn, process, Msg.READY))
 
     def _expect(self, conn: Connection, process: Any, wanted: str) -> dict[str, Any]:
         while not self._stopping.is_set():

@@ -1,17 +1,16 @@
-"""The HTTP process's side of the engines: one pipe per engine, one sender thread, a reader per engine.
+"""The HTTP process's side of the engines: dispatch, results, requeue, cancel, and a stall watchdog.
 
-Pickling and pipe writes happen on the sender thread and result bookkeeping on the reader
-threads, so the event loop only registers futures and receives finished requests. Each input
-goes to the engine with the fewest tokens outstanding; a dead engine's inputs move to the others,
-once per request.
+Pickling and pipe writes happen on each engine's sender thread and result bookkeeping on its
+reader thread (server.engine_pipe), so the event loop only registers futures and receives
+finished requests. Each input goes to the engine with the fewest tokens outstanding; a dead
+engine's inputs move to the others, once per request. An engine with work outstanding that
+answers nothing for the stall timeout is reported, so the supervisor can kill and replace it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -23,7 +22,8 @@ from typing import Any, Protocol
 import numpy as np
 import structlog
 
-from common.wire import Keyed, Msg, Tokens, send
+from common.wire import Keyed, Msg, Tokens
+from server.engine_pipe import EnginePipe
 
 
 class EngineUnavailable(Exception):
@@ -69,12 +69,6 @@ class _Entry:
         return len(self.request.items[self.index][1].input_ids)
 
 
-@dataclass(eq=False)
-class _Slot:
-    conn: Connection
-    load: int = 0  # tokens sent and not yet answered
-
-
 @dataclass
 class BatchStats:
     batch_size: int
@@ -83,25 +77,36 @@ class BatchStats:
 
 
 class EngineEvents(Protocol):
-    """What the engine client reports; called on its reader threads."""
+    """What the engine client reports; called on its reader and watchdog threads."""
 
     def batch_done(self, stats: BatchStats) -> None: ...
 
     def engine_lost(self, slot: int) -> None: ...
 
+    def engine_stalled(self, slot: int, seconds: float) -> None:
+        """Work outstanding and no answer for `seconds`: the engine should be replaced."""
+
 
 class EngineClient:
-    def __init__(self, loop: asyncio.AbstractEventLoop, executor: Executor, events: EngineEvents) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        executor: Executor,
+        events: EngineEvents,
+        stall_timeout_s: float | None = None,
+    ) -> None:
         self._loop = loop
         self._executor = executor
         self._events = events
         self._lock = threading.Lock()
         self._keys = itertools.count()
         self._entries: dict[int, _Entry] = {}
-        self._slots: dict[int, _Slot] = {}
-        self._outbox: queue.SimpleQueue[tuple[Connection, tuple[str, Any]] | None] = queue.SimpleQueue()
+        self._slots: dict[int, EnginePipe] = {}
         self._stopped = False
-        threading.Thread(target=self._send_loop, name="engine-sender", daemon=True).start()
+        self._reported: set[EnginePipe] = set()  # stalls already reported, once per pipe
+        self.stall_timeout_s = stall_timeout_s  # None until known: no watchdog before then
+        self._watchdog = threading.Event()
+        threading.Thread(target=self._watch, name="engine-watchdog", daemon=True).start()
 
     @property
     def attached(self) -> int:
@@ -119,9 +124,8 @@ class EngineClient:
             if self._stopped:  # a restart that finished while the server stopped: let it exit
                 conn.close()
                 return
-            self._slots[slot] = _Slot(conn)
+            self._slots[slot] = EnginePipe(slot, conn, self._on_message, self._on_lost)
             self._dispatch([e for e in self._entries.values() if e.slot is None])
-        threading.Thread(target=self._read_loop, args=(slot, conn), name=f"engine-reader-{slot}", daemon=True).start()
 
     def submit(
         self, tokens: list[Tokens], then: Callable[[Outcome], Any] | None = None
@@ -153,10 +157,11 @@ class EngineClient:
         """Tell every engine to stop and answer what is still pending with EngineUnavailable."""
         with self._lock:
             self._stopped = True
-            slots, self._slots = self._slots, {}
-        for slot in slots.values():
-            self._outbox.put((slot.conn, (Msg.STOP, None)))
-        self._outbox.put(None)
+            pipes, self._slots = self._slots, {}
+        self._watchdog.set()
+        for pipe in pipes.values():
+            pipe.send((Msg.STOP, None))
+            pipe.close_sender()
         self.fail_all(reason)
 
     def fail_all(self, reason: str) -> None:
@@ -174,37 +179,41 @@ class EngineClient:
         for entry in entries:
             slot = min(self._slots, key=lambda s: self._slots[s].load)
             entry.slot = slot
-            self._slots[slot].load += entry.tokens
+            self._slots[slot].add(entry.tokens)
             batches.setdefault(slot, []).append(entry.request.items[entry.index])
         for slot, items in batches.items():
-            self._outbox.put((self._slots[slot].conn, (Msg.SUBMIT, items)))
+            self._slots[slot].send((Msg.SUBMIT, items))
 
     @staticmethod
     def _requests_of(entries: Iterable[_Entry]) -> list[_Request]:
         return list({id(e.request): e.request for e in entries}.values())
 
-    def _send_loop(self) -> None:
-        while (job := self._outbox.get()) is not None:
-            conn, message = job
-            # A broken pipe is the reader's to notice: it runs the engine-lost path.
-            with contextlib.suppress(OSError, ValueError):
-                send(conn, message)
+    def _on_message(self, pipe: EnginePipe, kind: str, body: Any) -> None:
+        """On the pipe's reader thread."""
+        with self._lock:
+            pipe.progressed()
+        try:
+            if kind == Msg.RESULT:
+                self._on_result(*body)
+            elif kind == Msg.ERROR:
+                self._on_error(*body)
+        except Exception:  # a bug here must not silently stop this engine's results
+            log.exception("engine_message_failed", slot=pipe.slot, kind=kind)
 
-    def _read_loop(self, slot: int, conn: Connection) -> None:
-        while True:
-            try:
-                kind, body = conn.recv()
-            except (EOFError, OSError):
-                break
-            try:
-                if kind == Msg.RESULT:
-                    self._on_result(*body)
-                elif kind == Msg.ERROR:
-                    self._on_error(*body)
-            except Exception:  # a bug here must not silently stop this engine's results
-                log.exception("engine_message_failed", slot=slot, kind=kind)
-        conn.close()
-        self._on_lost(slot, conn)
+    def _watch(self) -> None:
+        """Report each engine that has had work outstanding and answered nothing for the stall timeout."""
+        while not self._watchdog.wait(0.25):
+            timeout = self.stall_timeout_s
+            if timeout is None:
+                continue
+            now = time.monotonic()
+            with self._lock:
+                stalled = [(p, p.stalled_for(now)) for p in self._slots.values() if p not in self._reported]
+                stalled = [(p, s) for p, s in stalled if s > timeout]
+                self._reported.update(p for p, _ in stalled)
+            for pipe, seconds in stalled:
+                log.error("engine_stalled", slot=pipe.slot, seconds=round(seconds, 1), load=pipe.load)
+                self._events.engine_stalled(pipe.slot, seconds)
 
     def _on_result(self, keys: list[int], vectors: np.ndarray, stats: dict[str, Any]) -> None:
         done: list[_Request] = []
@@ -215,7 +224,7 @@ class EngineClient:
                 if entry is None:
                     continue
                 if entry.slot in self._slots:
-                    self._slots[entry.slot].load -= entry.tokens
+                    self._slots[entry.slot].answered(entry.tokens)
                 req = entry.request
                 req.rows[entry.index] = vectors[row]
                 req.inference_ms += share
@@ -265,16 +274,20 @@ class EngineClient:
         for key in keys:
             entry = self._entries.pop(key, None)
             if entry is not None and entry.slot in self._slots:
-                self._slots[entry.slot].load -= entry.tokens
                 if cancel:
+                    self._slots[entry.slot].cancel(entry.tokens)
                     by_slot.setdefault(entry.slot, []).append(key)
+                else:
+                    self._slots[entry.slot].answered(entry.tokens)
         for slot, dropped in by_slot.items():
-            self._outbox.put((self._slots[slot].conn, (Msg.CANCEL, dropped)))
+            self._slots[slot].send((Msg.CANCEL, dropped))
 
-    def _on_lost(self, slot: int, conn: Connection) -> None:
+    def _on_lost(self, pipe: EnginePipe) -> None:
         """A dead engine's inputs move to the live ones, once per request; a second loss is a 503."""
+        slot = pipe.slot
         with self._lock:
-            if slot not in self._slots or self._slots[slot].conn is not conn:
+            self._reported.discard(pipe)
+            if self._slots.get(slot) is not pipe:
                 return  # stopped on purpose, or already replaced
             del self._slots[slot]
             orphans = [e for e in self._entries.values() if e.slot == slot]

@@ -84,6 +84,11 @@ class Metrics:
             "warmpool_rejections_total", "Requests refused before any work", ["reason"], registry=registry
         )
         self.restarts = Counter("warmpool_engine_restarts_total", "Engines re-forked after a crash", registry=registry)
+        self.stalls = Counter(
+            "warmpool_engine_stalls_total",
+            "Engines killed for answering nothing with work outstanding (then re-forked)",
+            registry=registry,
+        )
         self.disconnects = Counter(
             "warmpool_client_disconnects_total",
             "Requests whose client left before the answer",

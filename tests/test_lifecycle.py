@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -83,12 +84,14 @@ def test_kill_engine_under_load_recovers(model_dir: Path, log_path: Path, engine
     try:
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(client) for _ in range(8)]
-            wait_for(lambda: len(statuses) >= 16, 60, "load to build up")
-            os.kill(victim, signal.SIGKILL)
-            wait_for(replaced, 30, "the killed engine to be replaced and ready", interval=0.005)
-            served_after = len(statuses)
-            wait_for(lambda: len(statuses) >= served_after + 16, 60, "requests after the restart")
-            stop.set()
+            try:
+                wait_for(lambda: len(statuses) >= 16, 60, "load to build up")
+                os.kill(victim, signal.SIGKILL)
+                wait_for(replaced, 30, "the killed engine to be replaced and ready", interval=0.005)
+                served_after = len(statuses)
+                wait_for(lambda: len(statuses) >= served_after + 16, 60, "requests after the restart")
+            finally:
+                stop.set()  # inside the pool's block: its exit waits for the clients to end
             for f in futures:
                 f.result(timeout=90)  # no request hung, none raised
         new_pids = server.phase("engine")["detail"]["pids"]
@@ -199,3 +202,48 @@ def test_too_many_engine_restarts_exit_nonzero(model_dir: Path, log_path: Path) 
         assert server.proc.returncode != 0
     finally:
         server.stop()
+
+
+def test_a_stopped_engine_is_killed_and_replaced_without_failing_requests(model_dir: Path, log_path: Path) -> None:
+    """SIGSTOP an engine under load: past the stall timeout it is killed and re-forked, its inputs
+    move to the other engine, and every request still gets 200."""
+    server = ServerProcess(model_dir, log_path, engines=2, engine_stall_timeout=2).wait_ready()
+    victim = server.wait_engines()["pids"][1]
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            while not stop.is_set():
+                statuses.append(http.post("/v1/embeddings", json={"input": TEXTS * 4}).status_code)
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(client) for _ in range(4)]
+            try:
+                wait_for(lambda: len(statuses) >= 8, 60, "load to build up")
+                os.kill(victim, signal.SIGSTOP)
+                detail = wait_for(
+                    lambda: (
+                        (d := server.phase("engine")["detail"])["stalls"] == 1
+                        and victim not in d["pids"]
+                        and d["up"] == 2
+                        and d
+                    ),
+                    60,
+                    "the stopped engine to be killed and replaced",
+                )
+                served = len(statuses)
+                wait_for(lambda: len(statuses) >= served + 8, 60, "requests after the replacement")
+            finally:
+                stop.set()  # inside the pool's block: its exit waits for the clients to end
+            for f in futures:
+                f.result(timeout=90)
+        assert gone(victim) and detail["restarts"] == 1
+        assert set(statuses) == {200}, "a request failed although another engine was up"
+        assert "warmpool_engine_stalls_total 1.0" in server.get("/metrics").text
+    finally:
+        stop.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)
+        assert server.stop() == 0

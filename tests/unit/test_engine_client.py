@@ -131,12 +131,16 @@ class RecordingEvents:
     def __init__(self) -> None:
         self.batches: list[BatchStats] = []
         self.lost: list[int] = []
+        self.stalled: list[tuple[int, float]] = []
 
     def batch_done(self, stats: BatchStats) -> None:
         self.batches.append(stats)
 
     def engine_lost(self, slot: int) -> None:
         self.lost.append(slot)
+
+    def engine_stalled(self, slot: int, seconds: float) -> None:
+        self.stalled.append((slot, seconds))
 
 
 class Rig:
@@ -146,6 +150,13 @@ class Rig:
         self.events = RecordingEvents()
         self.client = EngineClient(loop, executor, self.events)
         self.engines: list[FakeEngine] = []
+        self.hung: list[Connection] = []
+
+    def attach_hung(self, slot: int) -> None:
+        """An engine that never reads its pipe (stopped, or hung): its end is held, unread."""
+        ours, theirs = multiprocessing.Pipe(duplex=True)
+        self.hung.append(theirs)
+        self.client.attach(slot, ours)
 
     def attach(self, slot: int, auto: bool = False) -> FakeEngine:
         ours, theirs = multiprocessing.Pipe(duplex=True)
@@ -158,6 +169,8 @@ class Rig:
         self.client.stop("test over")
         for engine in self.engines:
             engine.die()
+        for conn in self.hung:
+            conn.close()
 
 
 def run(scenario: Callable[[Rig], Awaitable[None]]) -> None:
@@ -470,5 +483,52 @@ def test_an_engine_attached_after_stop_gets_no_work() -> None:
         await until(lambda: not late.alive, "the late engine to see its pipe closed")
         with pytest.raises(EngineUnavailable):
             rig.client.submit([tok(1, 2)])
+
+    run(scenario)
+
+
+def test_a_hung_engine_does_not_hold_up_sends_to_the_others() -> None:
+    """Each engine has its own sender: once a hung engine's pipe is full, a live engine still gets
+    (and answers) new work."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.attach_hung(0)
+        for i in range(300):  # ~2 MB of token ids: far more than a pipe buffers
+            rig.client.submit([tok(i, 2000)])
+        rig.attach(1, auto=True)
+        future, _ = rig.client.submit([tok(7, 3)])
+        assert (await result(future)).vectors.tolist() == [[7, 3, 1]]
+
+    run(scenario)
+
+
+def test_an_engine_with_work_and_no_answer_is_reported_stalled() -> None:
+    """Past the stall timeout, an engine with work outstanding and no answer is reported once; an
+    idle engine is not."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.client.stall_timeout_s = 0.3
+        rig.attach_hung(0)
+        rig.attach(1)
+        rig.client.submit([tok(1, 50)])  # to the hung engine: both are idle, the first wins the tie
+        await until(lambda: rig.events.stalled, "a stall report")
+        ((slot, seconds),) = rig.events.stalled
+        assert slot == 0 and seconds > 0.3
+
+    run(scenario)
+
+
+def test_cancelled_inputs_count_as_load_until_the_engine_answers() -> None:
+    """Cancelling does not make a busy (or stuck) engine look idle: its cancelled tokens count until
+    it next answers, so new work goes to the other engine."""
+
+    async def scenario(rig: Rig) -> None:
+        a, b = rig.attach(0), rig.attach(1)
+        _, keys = rig.client.submit([tok(1, 50)])
+        await until(lambda: a.keys, "the input at the first engine")
+        rig.client.cancel(keys)
+        _, (short,) = rig.client.submit([tok(2, 3)])
+        await until(lambda: short in a.keys + b.keys, "the next input at an engine")
+        assert b.keys == [short]
 
     run(scenario)
