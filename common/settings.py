@@ -115,11 +115,30 @@ class Settings(BaseSettings):
         return self.max_concurrent_inputs or max(64, 4 * self.max_batch_tokens // 64)
 
     def resolved_api_key(self) -> str | None:
-        if self.api_key is not None:
-            return self.api_key.get_secret_value()
+        """The bearer token API routes require, or None when none is configured.
+
+        A key that is configured but empty (an empty WARMPOOL_API_KEY or --api-key, a key file
+        that is missing, unreadable or holds only whitespace) raises ApiKeyError: serving without
+        authentication because a secret failed to mount must never happen silently.
+        """
+        if self.api_key is not None or os.environ.get("WARMPOOL_API_KEY") == "":
+            key = self.api_key.get_secret_value().strip() if self.api_key is not None else ""
+            if not key:
+                raise ApiKeyError("WARMPOOL_API_KEY is set but empty: refusing to serve without authentication")
+            return key
         if self.api_key_file is not None:
-            return self.api_key_file.read_text().strip()
+            try:
+                key = self.api_key_file.read_text().strip()
+            except OSError as exc:
+                raise ApiKeyError(f"cannot read WARMPOOL_API_KEY_FILE {self.api_key_file}: {exc}") from None
+            if not key:
+                raise ApiKeyError(f"WARMPOOL_API_KEY_FILE {self.api_key_file} is empty: refusing to serve without it")
+            return key
         return None
+
+
+class ApiKeyError(ValueError):
+    """An API key is configured but unusable."""
 
 
 def resolve_model_path(model: str) -> Path:

@@ -6,8 +6,9 @@ The port is bound and answering probes before the web stack and server modules a
 from __future__ import annotations
 
 import sys
+import time
 
-from common.settings import Settings
+from common.settings import ApiKeyError, Settings
 from common.startup import StartupState
 
 
@@ -25,6 +26,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     startup.done("bind", host=settings.host, port=sock.getsockname()[1])
     early = binding.EarlyResponder(sock, startup).start()
+    try:
+        settings.resolved_api_key()
+    except ApiKeyError as exc:  # shown on /health/startup for fail_linger seconds, then exit 1
+        startup.fail("bind", str(exc))
+        time.sleep(settings.fail_linger)
+        return 1
     method = forkserver.start(settings.start_method, startup, forkserver.preload_for(settings.model_path))
     start_prefetch(settings, startup)
 

@@ -124,7 +124,7 @@ class ApiKeyGuard:
         if scope["type"] != "http" or _is_open(scope["path"]):
             await self.app(scope, receive, send)
             return
-        given = (_header(scope, b"authorization") or "").encode("latin-1")
+        given = (_header(scope, b"authorization", limit=None) or "").encode("latin-1")
         if hmac.compare_digest(given, self.expected):
             await self.app(scope, receive, send)
             return
@@ -137,9 +137,11 @@ def _is_open(path: str) -> bool:
     return any(path == p or path.startswith(p + "/") for p in OPEN_PATHS)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def _header(scope: Scope, name: bytes, limit: int | None = 512) -> str | None:
+    """A header's value; cut to `limit` characters (ids echoed and logged stay bounded), except
+    where the whole value matters (the API key: any length the HTTP server accepts)."""
     for key, value in scope.get("headers", []):
         if key == name:
-            text: str = value.decode("latin-1")[:512]
+            text: str = value.decode("latin-1")[:limit]
             return text
     return None

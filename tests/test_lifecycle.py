@@ -247,3 +247,21 @@ def test_a_stopped_engine_is_killed_and_replaced_without_failing_requests(model_
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGCONT)
         assert server.stop() == 0
+
+
+def test_a_blank_api_key_file_fails_the_start_instead_of_serving_open(model_dir: Path, tmp_path: Path) -> None:
+    """A key file holding only whitespace (a secret that did not mount right): the start fails with
+    the reason on /health/startup and the process exits 1; nothing is served unauthenticated."""
+    key = tmp_path / "api-key"
+    key.write_text("  \n")
+    server = ServerProcess(model_dir, tmp_path / "server.log", api_key_file=key, fail_linger=2)
+    try:
+        body = wait_for(
+            lambda: (r := server.get("/health/startup")).json()["status"] == "failed" and r.json(), 30, "failure"
+        )
+        failed = [p for p in body["phases"] if p["state"] == "failed"]
+        assert [p["name"] for p in failed] == ["bind"] and "is empty" in failed[0]["detail"]["error"]
+        assert server.post("/v1/embeddings", json={"input": "x"}).status_code == 503
+        assert server.proc.wait(timeout=30) == 1
+    finally:
+        server.stop()
