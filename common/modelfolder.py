@@ -98,6 +98,43 @@ def _read(path: Path) -> ModelFolder:
     )
 
 
+# What the HTTP process reads of a folder, in the order it reads them (the tokenizer last).
+_CONFIG_FILES = ("config.json", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+def files_to_load(path: Path) -> list[Path]:
+    """The files serving this folder reads, in the order they are read: the config files and the
+    sentence-transformers modules' configs (HTTP process, first), the tokenizer, then the weights
+    (engine). Nothing else: no ONNX exports, no second copy of the weights, no README."""
+    try:
+        modules = _read_json(path / "modules.json", list_key="modules").get("modules", [])
+    except ModelError:
+        modules = []
+    module_configs = [
+        path / str(m.get("path", "")) / "config.json" for m in modules if isinstance(m, dict) and m.get("path")
+    ]
+    named = [path / n for n in _CONFIG_FILES] + module_configs + [path / n for n in _TOKENIZER_FILES]
+    return [f for f in named if f.is_file()] + weight_files(path)
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The weights a loader reads: model.safetensors; else the shards a safetensors index names
+    (the index first); else pytorch_model.bin, which only the transformers fallback reads."""
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        except (ModelError, AttributeError, TypeError):
+            shards = []
+        return [index, *(path / str(name) for name in shards if (path / str(name)).is_file())]
+    legacy = path / "pytorch_model.bin"
+    return [legacy] if legacy.is_file() else []
+
+
 _NATIVE_ARCHITECTURES = {"BertModel", "BertForMaskedLM", "BertForPreTraining"}
 
 

@@ -1,6 +1,7 @@
-"""Best-effort page-cache warmer: read the model folder from several threads before the engine mmaps it.
+"""Best-effort page-cache warmer: read the files serving will read, from several threads, before
+the HTTP process and the engine read them.
 
-As vLLM's prefetch does: daemon threads, ~16 MiB sequential reads, weights first, skipped when the
+As vLLM's prefetch does: daemon threads, ~16 MiB sequential reads, skipped when the
 files would not fit in the memory really available; every error is logged and swallowed.
 """
 
@@ -16,10 +17,10 @@ from pathlib import Path
 
 import structlog
 
+from common.modelfolder import files_to_load
 from orchestrator.memory import available_bytes
 
 BLOCK = 16 * 1024 * 1024
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".gguf")
 MAX_FRACTION_OF_MEMORY = 0.9
 
 log = structlog.get_logger("warmpool.prefetch")
@@ -45,9 +46,12 @@ class Progress:
 
 
 def model_files(folder: Path) -> list[Path]:
-    """Every regular file under the folder, weight files first (biggest first), then the rest."""
-    files = [p for p in folder.rglob("*") if p.is_file() and ".git" not in p.parts]
-    return sorted(files, key=lambda p: (not p.name.endswith(WEIGHT_SUFFIXES), -p.stat().st_size))
+    """The files serving the folder reads, in the order they are read (common.modelfolder), less any
+    that a symlink leads out of the volume: the folder itself, or the cached repo for a Hugging Face
+    snapshot, whose files link into the repo's blobs/."""
+    volume = folder.parent.parent if folder.parent.name == "snapshots" else folder
+    volume = volume.resolve()
+    return [p for p in files_to_load(folder) if p.resolve().is_relative_to(volume)]
 
 
 def skip_reason(files: list[Path], total: int, enabled: bool) -> str | None:

@@ -17,12 +17,15 @@ def test_every_phase_has_finished_with_durations(server: ServerProcess) -> None:
         assert phase["started_s"] >= 0 and phase["duration_s"] >= 0, phase
 
 
-def test_prefetch_read_the_model_files(server: ServerProcess, model_dir) -> None:  # type: ignore[no-untyped-def]
+def test_prefetch_read_the_files_serving_reads(server: ServerProcess, model_dir) -> None:  # type: ignore[no-untyped-def]
+    """Prefetch read the config files, the tokenizer and the weights, and nothing else of the folder
+    (its README, vocab.txt and data_config.json are never loaded)."""
     detail = server.phase("prefetch")["detail"]
-    total = sum(p.stat().st_size for p in model_dir.rglob("*") if p.is_file())
-    assert detail["bytes_total"] == total
-    assert detail["bytes_done"] == total
-    assert detail["files"] == sum(1 for p in model_dir.rglob("*") if p.is_file())
+    names = ["config.json", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"]
+    names += ["1_Pooling/config.json", "tokenizer_config.json", "tokenizer.json", "model.safetensors"]
+    total = sum((model_dir / name).stat().st_size for name in names)
+    assert detail["files"] == len(names)
+    assert detail["bytes_total"] == detail["bytes_done"] == total
 
 
 def test_engine_was_forked_from_a_preloaded_forkserver(server: ServerProcess) -> None:
