@@ -13,6 +13,7 @@ STAMP := $(VENV)/.installed
 DOCKER ?= $(or $(wildcard /usr/bin/docker),docker)
 COMPOSE := $(DOCKER) compose
 IMAGE ?= warmpool:latest
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # Where the image's torch comes from: a local wheel folder (.wheels, filled below when this
 # machine has the CPU wheel) or PyTorch's CPU index (the Dockerfile's default).
 WHEEL_SOURCE ?= $(firstword $(subst :, ,$(PIP_FIND_LINKS)))
@@ -59,7 +60,7 @@ lint-code: $(STAMP)
 lint-deploy: $(STAMP) compose-plugin
 	$(VENV)/bin/hadolint docker/Dockerfile docker/ci/standin.Dockerfile
 	$(COMPOSE) config -q
-	$(VENV)/bin/kubernetes-validate --strict --quiet deploy/kubernetes/*.yaml
+	$(VENV)/bin/kubernetes-validate --strict --quiet deploy/kubernetes/*.yaml deploy/kubernetes/variants/*.yaml
 
 bench: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m bench.load
@@ -76,7 +77,7 @@ compose-plugin: $(STAMP)
 	  ln -f $(WHEEL_SOURCE)/torch-$(TORCH_VERSION)+cpu-*.whl .wheels/ 2>/dev/null || cp $(WHEEL_SOURCE)/torch-$(TORCH_VERSION)+cpu-*.whl .wheels/; fi
 
 image: .wheels
-	DOCKER_BUILDKIT=1 $(DOCKER) build -f docker/Dockerfile -t $(IMAGE) \
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f docker/Dockerfile -t $(IMAGE) -t warmpool:$(VERSION) \
 	  $$(ls .wheels/torch-*.whl >/dev/null 2>&1 && echo --build-arg TORCH_PIP_ARGS=) .
 
 up: image compose-plugin $(MODEL_DIR)/config.json
