@@ -6,6 +6,7 @@ text would stall every other request and the probes.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,6 +43,7 @@ class RequestContext:
     settings: Settings
     admission: Admission | None = None
     admitted: int = 0
+    abandoned: bool = False  # the request was answered while prepare still ran: take no more permits
 
     @property
     def folder(self) -> ModelFolder:
@@ -79,6 +81,8 @@ class RequestContext:
             raise bad_request(f"'{field}' has {inputs} inputs, more than the limit of {limit} per request", field)
         if self.admission is None:
             return
+        if self.abandoned:
+            raise overloaded()  # nobody reads this: the request has been answered already
         permits = self.admission.try_acquire(inputs, held=self.admitted)
         if permits is None:
             raise overloaded()
@@ -88,6 +92,12 @@ class RequestContext:
         if self.admission is not None and self.admitted:
             self.admission.release(self.admitted)
             self.admitted = 0
+
+    def abandon(self, work: concurrent.futures.Future[Any]) -> None:
+        """The request is answered (timeout, client gone) while `work`, its prepare step, still runs
+        on the executor: its permits go back once that thread is done with them, not before."""
+        self.abandoned = True
+        work.add_done_callback(lambda _: self.release())  # on the worker thread, as it finishes
 
 
 def overloaded() -> APIError:

@@ -89,7 +89,8 @@ async def read_body(request: Request, svc: Services) -> bytes:
 @contextlib.contextmanager
 def admitted(svc: Services) -> Iterator[RequestContext]:
     """A request context holding the request's first admission permit (taken on the loop, so a full
-    server refuses at once with 429); prepare takes the rest. Every permit is released on exit."""
+    server refuses at once with 429); prepare takes the rest. Every permit is released on exit (or,
+    for a request abandoned while prepare ran, when prepare ends)."""
     ctx = request_context(svc)
     try:
         ctx.admit(1)
@@ -99,27 +100,52 @@ def admitted(svc: Services) -> Iterator[RequestContext]:
             svc.metrics.rejections.labels(reason="overloaded").inc()
         raise
     finally:
-        ctx.release()
+        if not ctx.abandoned:
+            ctx.release()
 
 
 async def answer(request: Request, prepare: Prepare, render: Render) -> Response:
-    """The whole pipeline for one request; every failure leaves as an APIError."""
+    """The whole pipeline for one request; every failure leaves as an APIError. The request timeout
+    and the client's disconnect cover every step after the body has arrived, preparation included."""
     svc = services(request)
     timings = Timings()
     svc.default_model()  # 503 before reading the body of a request that cannot be served
     raw = await read_body(request, svc)
-    with admitted(svc) as ctx:
-        prepared = await svc.off_loop(prepare, raw, ctx)
-        timings.tokenization_ms = (time.perf_counter() - timings.started) * 1000
-        gone = asyncio.ensure_future(_client_gone(request))
-        try:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + svc.settings.request_timeout
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        with admitted(svc) as ctx:
+            prepared = await prepare_in_time(svc, prepare, raw, ctx, gone, deadline)
+            timings.tokenization_ms = (time.perf_counter() - timings.started) * 1000
             outcome = await run_on_engine(
-                svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx)
+                svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx), deadline
             )
-        finally:
-            gone.cancel()
+    finally:
+        gone.cancel()
     request.state.access = {"inputs": len(prepared.tokens), "tokens": prepared.n_tokens, "timings": timings}
     return json_response(outcome.rendered, timings)
+
+
+async def prepare_in_time(
+    svc: Services, prepare: Prepare, raw: bytes, ctx: RequestContext, gone: asyncio.Future[Any], deadline: float
+) -> Prepared[Any]:
+    """prepare on the executor, given up (503, or 499 for a client that left) past the deadline; the
+    thread itself runs on, refused any further permits, and gives its permits back when done."""
+    loop = asyncio.get_running_loop()
+    running = svc.executor.submit(prepare, raw, ctx)
+    work = asyncio.wrap_future(running, loop=loop)
+    done, _ = await asyncio.wait(
+        (work, gone), timeout=max(deadline - loop.time(), 0.0), return_when=asyncio.FIRST_COMPLETED
+    )
+    if work in done:
+        return work.result()
+    ctx.abandon(running)
+    work.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: nobody awaits it now
+    if gone in done:
+        svc.metrics.disconnects.inc()
+        raise ClientDisconnected()
+    raise svc.unavailable("timed out preparing the request")
 
 
 async def answer_without_engine(request: Request, respond: Callable[[bytes, RequestContext], bytes]) -> Response:
@@ -141,6 +167,7 @@ async def run_on_engine(
     timings: Timings,
     abandon: asyncio.Future[Any] | None = None,
     then: Callable[[Outcome], Any] | None = None,
+    deadline: float | None = None,
 ) -> Outcome:
     """Send inputs to the model's engines and wait; engine loss and timeouts become 503, never a hang.
 
@@ -162,7 +189,10 @@ async def run_on_engine(
             stopped_by = why
             future.cancel()
 
-    timer = asyncio.get_running_loop().call_later(svc.settings.request_timeout, stop, "timeout")
+    loop = asyncio.get_running_loop()
+    timer = loop.call_at(
+        deadline if deadline is not None else loop.time() + svc.settings.request_timeout, stop, "timeout"
+    )
     if abandon is not None:
         abandon.add_done_callback(lambda _: stop("client_gone"))
     try:

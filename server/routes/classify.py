@@ -53,7 +53,11 @@ def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[TEIPredictReque
         sides: list[str] = item if isinstance(item, list) else [str(item)]
         capped = [inputs.capped(text, ctx.folder, f"inputs[{i}]", truncate is not None) for text in sides]
         items.append((capped[0], capped[1]) if len(capped) == 2 else capped[0])
-    tokens = ctx.tokenizers.encode_batch(items, truncate)
+    pairs = [item for item in items if isinstance(item, tuple)]
+    if pairs and len(pairs) == len(items):  # a cross-encoder's pairs: each distinct text tokenized once
+        tokens = ctx.tokenizers.encode_pairs(pairs, truncate)
+    else:
+        tokens = ctx.tokenizers.encode_batch(items, truncate)
     for i, tok in enumerate(tokens):
         inputs.check_length(len(tok.input_ids), ctx.folder, f"inputs[{i}]")
     return Prepared(body, tokens, extra=isinstance(body.inputs, str))

@@ -59,7 +59,7 @@ def tokenize_pairs(
             queries = list(dict.fromkeys(lefts))
             for query, tok in zip(queries, ctx.tokenizers.encode_batch([texts[q] for q in queries]), strict=True):
                 inputs.check_length(len(tok.input_ids), ctx.folder, origin[query])
-        tokens = ctx.tokenizers.encode_batch([(texts[q], texts[d]) for q, d in zip(lefts, rights, strict=True)], limit)
+        tokens = ctx.tokenizers.encode_pairs([(texts[q], texts[d]) for q, d in zip(lefts, rights, strict=True)], limit)
         index = list(range(len(tokens)))
         pairs = Pairs(len(tokens), True, index, index)
         where = [f"{right_field}[{i}]" for i in index]

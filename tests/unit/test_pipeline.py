@@ -1,0 +1,103 @@
+"""The request pipeline's preparation step: bounded by the request's deadline and its client."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from common.settings import Settings
+from common.startup import StartupState
+from server.errors import APIError, ClientDisconnected
+from server.inputs import RequestContext
+from server.pipeline import Prepared, prepare_in_time
+from server.services import Services
+
+
+@pytest.fixture
+def svc() -> Iterator[Services]:
+    with ThreadPoolExecutor(2) as executor:
+        yield Services(settings=Settings(max_concurrent_inputs=10), startup=StartupState(), executor=executor)
+
+
+def context(svc: Services) -> RequestContext:
+    return RequestContext(None, {}, svc.settings, svc.admission)  # type: ignore[arg-type]  (no model needed)
+
+
+class SlowPrepare:
+    """A prepare step that takes 3 permits, then waits until released; then asks to cover 5 inputs."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.late_admit: Exception | None = None
+
+    def __call__(self, raw: bytes, ctx: RequestContext) -> Prepared[Any]:
+        ctx.admit(3)
+        self.release.wait(10)
+        try:
+            ctx.admit(5)
+        except APIError as exc:
+            self.late_admit = exc
+        return Prepared(raw, [])
+
+
+def until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_preparation_past_the_deadline_is_a_503_and_gives_its_permits_back_when_done(svc: Services) -> None:
+    """A prepare step still running at the request's deadline: the request gets 503 at once; the
+    thread may take no further permit, and its own go back when it ends."""
+    slow = SlowPrepare()
+    ctx = context(svc)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        with pytest.raises(APIError) as caught:
+            await prepare_in_time(svc, slow, b"{}", ctx, loop.create_future(), loop.time() + 0.05)
+        assert caught.value.status == 503 and "preparing" in caught.value.message
+
+    asyncio.run(scenario())
+    assert svc.admission.used == 3  # still held by the running thread
+    slow.release.set()
+    until(lambda: svc.admission.used == 0, "the permits back")
+    assert isinstance(slow.late_admit, APIError)
+
+
+def test_a_client_that_leaves_during_preparation_is_a_499(svc: Services) -> None:
+    """The client's disconnect ends the wait for preparation too (ClientDisconnected: 499)."""
+    slow = SlowPrepare()
+    ctx = context(svc)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+        loop.call_later(0.05, gone.set_result, None)
+        with pytest.raises(ClientDisconnected):
+            await prepare_in_time(svc, slow, b"{}", ctx, gone, loop.time() + 60)
+
+    asyncio.run(scenario())
+    slow.release.set()
+    until(lambda: svc.admission.used == 0, "the permits back")
+
+
+def test_a_prompt_preparation_returns_its_result(svc: Services) -> None:
+    """Within the deadline the prepared request comes back and the permits stay with the request."""
+    slow = SlowPrepare()
+    slow.release.set()
+    ctx = context(svc)
+
+    async def scenario() -> Prepared[Any]:
+        loop = asyncio.get_running_loop()
+        return await prepare_in_time(svc, slow, b"raw", ctx, loop.create_future(), loop.time() + 60)
+
+    assert asyncio.run(scenario()).body == b"raw"
+    assert ctx.admitted == 5 and slow.late_admit is None  # admit(n) covers n inputs in all
