@@ -8,8 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +121,27 @@ class ServerProcess:
         self.client.close()
         self._log.close()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def steady_load(server: ServerProcess, clients: int, body: dict[str, Any], statuses: list[int]) -> Iterator[None]:
+    """`clients` threads posting `body` to /v1/embeddings in a loop, each status appended to
+    `statuses`, for the duration of the block; the block ends only once every client has (none hangs)."""
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            while not stop.is_set():
+                statuses.append(http.post("/v1/embeddings", json=body).status_code)
+
+    with ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(client) for _ in range(clients)]
+        try:
+            yield
+        finally:
+            stop.set()  # inside the pool's block: its exit waits for the clients to end
+        for future in futures:
+            future.result(timeout=90)  # no request hung, none raised
 
 
 @contextlib.contextmanager
