@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -116,7 +117,7 @@ def test_sigterm_finishes_in_flight_requests(model_dir: Path, log_path: Path) ->
     wait_for(lambda: all(gone(pid) for pid in children), 10, "children to exit")
 
 
-@pytest.mark.parametrize("damage", ["missing", "truncated", "bad_config"])
+@pytest.mark.parametrize("damage", ["missing", "truncated", "bad_config", "wrong_types"])
 def test_broken_model_fails_its_phase_and_exits_nonzero(
     model_dir: Path, tmp_path: Path, log_path: Path, damage: str
 ) -> None:
@@ -128,6 +129,9 @@ def test_broken_model_fails_its_phase_and_exits_nonzero(
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     if damage == "bad_config":
         (folder / "config.json").write_text("{ not json")
+    if damage == "wrong_types":  # valid JSON the forkserver preload once crashed on, before probes
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": "lots"}))
     server = ServerProcess(folder, log_path, fail_linger=2)
     try:
         body = wait_for(
@@ -138,7 +142,9 @@ def test_broken_model_fails_its_phase_and_exits_nonzero(
         failed = [p for p in body["phases"] if p["state"] == "failed"]
         assert [p["name"] for p in failed] == ["engine"]
         error = failed[0]["detail"]["error"]
-        expected = {"missing": "not found", "truncated": "model", "bad_config": "config.json"}[damage]
+        expected = {"missing": "not found", "truncated": "model", "bad_config": "config.json", "wrong_types": "lots"}[
+            damage
+        ]
         assert expected in error, error
         assert "\n" not in error and "Traceback" not in error  # one line; the traceback is in the log
         assert server.get("/health/ready").status_code == 503

@@ -1,0 +1,45 @@
+"""/tokenize and /detokenize are admitted like every other route: a full server says 429."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from common.modelfolder import read_model_folder
+from common.settings import Settings
+from common.startup import PHASES, StartupState
+from server.app import create_app, with_middleware
+from server.services import ServedModel, Services
+from server.tokenizer import TokenizerPool
+
+
+@pytest.fixture
+def svc(model_dir: Path) -> Iterator[Services]:
+    """Services serving the embedded model's tokenizer, every phase done, with 4 admission permits."""
+    startup = StartupState()
+    for phase in PHASES:
+        startup.start(phase)
+        startup.done(phase)
+    startup.engine_up = True
+    with ThreadPoolExecutor(2) as executor:
+        services = Services(settings=Settings(max_concurrent_inputs=4), startup=startup, executor=executor)
+        folder = read_model_folder(model_dir)
+        services.models["minilm"] = ServedModel("minilm", folder, TokenizerPool(model_dir), engine=None)  # type: ignore[arg-type]
+        yield services
+
+
+@pytest.mark.parametrize(("route", "body"), [("/tokenize", {"prompt": "hello"}), ("/detokenize", {"tokens": [7592]})])
+def test_tokenizer_routes_take_a_permit(svc: Services, route: str, body: dict[str, object]) -> None:
+    """With every permit held, the tokenizer routes answer 429 with Retry-After; once they are free, 200."""
+    with TestClient(with_middleware(create_app(svc))) as http:
+        held = svc.admission.try_acquire(4)
+        refused = http.post(route, json=body)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "overloaded"
+        svc.admission.release(held or 0)
+        assert http.post(route, json=body).status_code == 200
+        assert svc.admission.used == 0
