@@ -60,6 +60,7 @@ lint-code: $(STAMP)
 lint-deploy: $(STAMP) compose-plugin
 	$(VENV)/bin/hadolint docker/Dockerfile docker/ci/standin.Dockerfile
 	$(COMPOSE) config -q
+	$(COMPOSE) -f compose.yaml -f compose.gpu.yaml config -q
 	$(VENV)/bin/kubernetes-validate --strict --quiet deploy/kubernetes/*.yaml deploy/kubernetes/variants/*.yaml
 
 bench: $(STAMP) $(MODEL_DIR)/config.json

@@ -66,13 +66,13 @@ def run_warmpool(model: Path, log: Path, cold: bool = True, **settings: Any) -> 
     return timeline(server.url, server.started, "/health/live", "/health/ready", server.proc), server
 
 
-def run_naive(model: Path, log: Path) -> dict:  # type: ignore[type-arg]
+def run_naive(model: Path, log: Path, device: str = "cpu") -> dict:  # type: ignore[type-arg]
     evict(model)
     port = free_port()
     with open(log, "wb") as out:
         started = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.naive_server", str(model), str(port)],
+            [sys.executable, "-m", "bench.naive_server", str(model), str(port), device],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,

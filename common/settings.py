@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.devices import resolve, visible_gpus
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
@@ -43,11 +45,20 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Request body limit (413 past it).")
 
-    engines: int = Field(
-        default_factory=lambda: min(2, os.cpu_count() or 1),
+    engines: int | None = Field(
+        None,
         ge=1,
         le=64,
-        description="Engine processes, each with its own copy of the model.",
+        description="Engine processes, each with its own copy of the model; default 2 on the CPU "
+        "(1 on one CPU), one per visible GPU on cuda.",
+    )
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+        description="auto (cuda when a GPU is visible, else cpu), cpu, cuda (one engine per GPU) or cuda:N.",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Compute dtype; auto: float32 on the CPU, bfloat16 on GPUs that have it, else float16."
     )
     engine_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
@@ -98,10 +109,27 @@ class Settings(BaseSettings):
     def model_name(self) -> str:
         return self.served_model_name or Path(self.model.rstrip("/")).name
 
+    @cached_property
+    def gpus(self) -> int:
+        return visible_gpus()
+
+    @cached_property
+    def resolved_device(self) -> str:
+        """cpu, cuda or cuda:N; DeviceError when the device asked for is not there."""
+        return resolve(self.device, self.gpus)
+
+    @property
+    def engine_count(self) -> int:
+        if self.engines is not None:
+            return self.engines
+        if self.resolved_device == "cuda":
+            return self.gpus
+        return 1 if self.resolved_device.startswith("cuda:") else min(2, os.cpu_count() or 1)
+
     @property
     def shared_engine_threads(self) -> int:
         """Each engine's share of engine_threads while the others are busy too."""
-        return max(1, self.engine_threads // self.engines)
+        return max(1, self.engine_threads // self.engine_count)
 
     def stall_timeout(self, ms_per_token: float) -> float:
         """engine_stall_timeout, or 8 x the time of a full batch as warm-up measured it, at least 10 s:

@@ -49,6 +49,8 @@ class EngineSpec:
     max_batch_tokens: int
     max_batch_size: int
     nice: int = 0
+    device: str = "cpu"  # cpu or cuda:N: CUDA is initialised in the engine, after the fork
+    dtype: str = "auto"
 
 
 def send(conn: Connection, message: tuple[str, Any]) -> None:

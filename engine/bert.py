@@ -59,6 +59,24 @@ class Packed:
             spans=list(zip(starts.tolist(), lengths.tolist(), strict=True)),
         )
 
+    def to(self, device: torch.device) -> Packed:
+        """The index tensors on `device`; from pinned memory, asynchronously, when that is a GPU."""
+        if device.type == "cpu":
+            return self
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.pin_memory().to(device, non_blocking=True)
+
+        return Packed(
+            ids=move(self.ids),
+            types=move(self.types),
+            positions=move(self.positions),
+            seq=move(self.seq),
+            starts=move(self.starts),
+            lengths=move(self.lengths),
+            spans=self.spans,
+        )
+
     def grid(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         """[T, H] -> [B, longest, H], padding cells set to `fill` (max pooling needs the grid)."""
         longest = int(self.lengths.max())
@@ -184,19 +202,27 @@ class Bert(nn.Module):
         return self.classifier(torch.tanh(self.pooler.dense(x[p.starts])))  # type: ignore[no-any-return]
 
 
-def load(folder: Path, config: dict[str, Any], num_labels: int | None) -> Bert:
+def load(
+    folder: Path,
+    config: dict[str, Any],
+    num_labels: int | None,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Bert:
     """Build without random init (the checkpoint replaces every weight), then take the
-    checkpoint's tensors as the parameters themselves."""
+    checkpoint's tensors as the parameters themselves: read straight onto `device` (a GPU's
+    memory, with no host copy kept), then cast to `dtype`."""
     with _no_init():
         model = Bert(config, num_labels)
     try:
-        weights = load_file(str(folder / "model.safetensors"))
+        weights = load_file(str(folder / "model.safetensors"), device=str(device or "cpu"))
     except Exception as exc:  # safetensors raises its own error types for truncated files
         raise ModelError(f"cannot load model from {folder}: {type(exc).__name__}: {exc}") from exc
     state = {_rename(key): tensor for key, tensor in weights.items()}
     missing, _ = model.load_state_dict(state, strict=False, assign=True)
     if missing:
         raise ModelError(f"cannot load model from {folder}: weights missing for {missing[:5]}")
+    model = model.to(dtype)  # before fusing: the fused QKV tensors are plain attributes .to() would miss
     for module in model.modules():
         if isinstance(module, SelfAttention):
             module.fuse()

@@ -11,20 +11,26 @@ import torch
 from common.modelfolder import ModelError, ModelFolder
 from common.wire import Tokens
 from engine import bert
+from engine.device import Placement
 from engine.pooling import pool, pool_packed
 
 
 class PoolingModel:
     """BERT-family models run on engine.bert; anything else on transformers."""
 
-    def __init__(self, info: ModelFolder, threads: int) -> None:
+    def __init__(self, info: ModelFolder, threads: int, placement: Placement | None = None) -> None:
         torch.set_num_threads(threads)
         self.info = info
+        self.placement = placement or Placement(torch.device("cpu"), torch.float32)
+        device, dtype = self.placement.device, self.placement.dtype
         config = info.config
         self.pad_id = int(config.get("pad_token_id") or 0)
         self.uses_types = bool(config.get("type_vocab_size"))
         labels = None if info.kind == "embedding" else len(info.id2label)
-        self.model = bert.load(info.path, config, labels) if info.native else _transformers_model(info)
+        if info.native:
+            self.model = bert.load(info.path, config, labels, device, dtype)
+        else:
+            self.model = _transformers_model(info, device, dtype)
 
     @property
     def packed(self) -> bool:
@@ -35,11 +41,11 @@ class PoolingModel:
     def forward(self, items: list[Tokens]) -> np.ndarray:
         """One forward pass; rows in the order of items, float32."""
         if self.info.native:
-            packed = bert.Packed.of(items)
+            packed = bert.Packed.of(items).to(self.placement.device)
             out = self.model(packed)
             if self.info.kind != "embedding":
-                return out.float().numpy()  # type: ignore[no-any-return]
-            return pool_packed(out, packed, self.info.pooling).float().numpy()
+                return out.float().cpu().numpy()  # type: ignore[no-any-return]
+            return pool_packed(out, packed, self.info.pooling).float().cpu().numpy()
         return self._forward_padded(items)
 
     def _forward_padded(self, items: list[Tokens]) -> np.ndarray:
@@ -56,10 +62,11 @@ class PoolingModel:
         inputs = {"input_ids": ids, "attention_mask": mask}
         if self.uses_types:
             inputs["token_type_ids"] = types
+        inputs = {name: tensor.to(self.placement.device) for name, tensor in inputs.items()}
         out = self.model(**inputs)
         if self.info.kind != "embedding":
-            return out.logits.float().numpy()  # type: ignore[no-any-return]
-        return pool(out.last_hidden_state, mask, self.info.pooling).float().numpy()
+            return out.logits.float().cpu().numpy()  # type: ignore[no-any-return]
+        return pool(out.last_hidden_state, inputs["attention_mask"], self.info.pooling).float().cpu().numpy()
 
     def warm_up(self) -> tuple[float, float]:
         """Pay first-call costs before readiness flips; return the per-call overhead in tokens and
@@ -83,11 +90,11 @@ class PoolingModel:
         return min(max(overhead, 1.0), 512.0), per_token
 
 
-def _transformers_model(info: ModelFolder) -> Any:
+def _transformers_model(info: ModelFolder, device: torch.device, dtype: torch.dtype) -> Any:
     from transformers import AutoModel, AutoModelForSequenceClassification  # only off the native path
 
     loader = AutoModel if info.kind == "embedding" else AutoModelForSequenceClassification
     try:
-        return loader.from_pretrained(str(info.path), dtype=torch.float32).eval()
+        return loader.from_pretrained(str(info.path), dtype=dtype).to(device).eval()
     except Exception as exc:  # transformers raises many types for a broken folder
         raise ModelError(f"cannot load model from {info.path}: {type(exc).__name__}: {exc}") from exc

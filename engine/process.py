@@ -15,9 +15,10 @@ from collections.abc import MutableSequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from common.modelfolder import ModelError, read_model_folder
+from common.modelfolder import ModelError, read_model_folder, weight_files
 from common.wire import EngineSpec, Keyed, Msg, send
 from engine.batching import split_by_length, split_by_tokens, take_batch
+from engine.device import memory_detail, place
 from engine.model import PoolingModel
 from engine.threads import ThreadShare
 
@@ -34,7 +35,8 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
     started = time.monotonic()
     try:
         info = read_model_folder(spec.model_path)
-        model = PoolingModel(info, spec.threads)
+        placement = place(spec.device, spec.dtype, weight_files(spec.model_path))
+        model = PoolingModel(info, spec.threads, placement)
         share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
         loaded = time.monotonic()
         send(
@@ -46,6 +48,8 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                     "load_s": round(loaded - started, 3),
                     "preloaded": os.getpid() != IMPORTED_BY_PID,
                     "backend": "native" if info.native else "transformers",
+                    **placement.detail,
+                    **memory_detail(placement),
                 },
             ),
         )

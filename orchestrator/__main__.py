@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import time
 
+from common.devices import DeviceError
 from common.settings import ApiKeyError, Settings
 from common.startup import StartupState
 
@@ -26,10 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     startup.done("bind", host=settings.host, port=sock.getsockname()[1])
     early = binding.EarlyResponder(sock, startup).start()
-    try:
-        settings.resolved_api_key()
-    except ApiKeyError as exc:  # shown on /health/startup for fail_linger seconds, then exit 1
-        startup.fail("bind", str(exc))
+    refusal = _refusal(settings)
+    if refusal is not None:  # shown on /health/startup for fail_linger seconds, then exit 1
+        startup.fail(*refusal)
         time.sleep(settings.fail_linger)
         return 1
     method = forkserver.start(settings.start_method, startup, forkserver.preload_for(settings.model_path))
@@ -38,6 +38,20 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.lifecycle import run_server  # fastapi, uvicorn, server.*: imported while probes answer
 
     return run_server(settings, startup, sock, early, method)
+
+
+def _refusal(settings: Settings) -> tuple[str, str] | None:
+    """(phase, reason) for settings that must not start: an API key configured but empty (the
+    server would serve open), a device that is not there (the engine could not start)."""
+    try:
+        settings.resolved_api_key()
+    except ApiKeyError as exc:
+        return "bind", str(exc)
+    try:
+        settings.resolved_device  # noqa: B018  (resolving is the check)
+    except DeviceError as exc:
+        return "engine", str(exc)
+    return None
 
 
 def start_prefetch(settings: Settings, startup: StartupState) -> None:

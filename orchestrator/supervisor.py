@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import structlog
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
+from common.devices import engine_device
 from common.settings import Settings
 from common.startup import StartupState
 from common.wire import EngineSpec, Msg
@@ -55,7 +56,7 @@ class SupervisorEvents(Protocol):
 
 
 class EngineSupervisor:
-    """`settings.engines` engine processes from one forkserver, each restarted on its own when it dies."""
+    """`settings.engine_count` engine processes from one forkserver, each restarted on its own when it dies."""
 
     def __init__(
         self, settings: Settings, startup: StartupState, method: StartMethod, events: SupervisorEvents
@@ -64,7 +65,7 @@ class EngineSupervisor:
         self.startup = startup
         self.method = method
         self.events = events
-        self.count = settings.engines
+        self.count = settings.engine_count
         # One flag per engine, set while it runs a batch: engines size their torch pools by it.
         self.busy = method.ctx.RawArray("b", self.count)  # type: ignore[attr-defined]
         self.processes: list[multiprocessing.process.BaseProcess | None] = [None] * self.count
@@ -83,6 +84,8 @@ class EngineSupervisor:
             max_batch_tokens=self.settings.max_batch_tokens,
             max_batch_size=self.settings.max_batch_size,
             nice=self.settings.engine_nice,
+            device=engine_device(self.settings.resolved_device, slot, self.settings.gpus),
+            dtype=self.settings.dtype,
         )
 
     @property

@@ -265,3 +265,18 @@ def test_sigterm_past_the_drain_timeout_answers_what_remains_and_exits(model_dir
     assert {r.status_code for r in answers} <= {200, 503} and 503 in {r.status_code for r in answers}
     assert all(r.headers.get("retry-after") for r in answers if r.status_code == 503)
     assert server.proc.wait(timeout=30) == 0
+
+
+def test_cuda_without_a_gpu_fails_the_engine_phase_and_exits(model_dir: Path, tmp_path: Path) -> None:
+    """WARMPOOL_DEVICE=cuda on a machine with no visible GPU: the engine phase fails with the reason
+    (no engine is forked), /health/startup says so, and the process exits 1."""
+    server = ServerProcess(model_dir, tmp_path / "server.log", device="cuda", fail_linger=2)
+    try:
+        body = wait_for(
+            lambda: (r := server.get("/health/startup")).json()["status"] == "failed" and r.json(), 30, "failure"
+        )
+        failed = {p["name"]: p["detail"].get("error") for p in body["phases"] if p["state"] == "failed"}
+        assert list(failed) == ["engine"] and "WARMPOOL_DEVICE=cuda" in failed["engine"], failed
+        assert server.proc.wait(timeout=30) == 1
+    finally:
+        server.stop()

@@ -1,0 +1,80 @@
+"""Where an engine computes and in which dtype; CUDA is initialised here, in the engine, after the fork.
+
+A forked child of a process that has initialised CUDA cannot use CUDA, so neither the forkserver
+nor the HTTP process may touch it: importing torch does not initialise CUDA, and nothing before
+this module's `place` asks for a device.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.modelfolder import ModelError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    dtype: torch.dtype
+    detail: dict[str, Any] = field(default_factory=dict)  # for the engine phase
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def place(device: str, dtype: str, weights: list[Path]) -> Placement:
+    """The engine's device and dtype. On CUDA the weight files are read into the page cache on a
+    thread while CUDA initialises, so the one overlaps the other."""
+    if not device.startswith("cuda"):
+        chosen = torch.float32 if dtype == "auto" else DTYPES[dtype]
+        return Placement(torch.device("cpu"), chosen, {"device": "cpu", "dtype": str(chosen).removeprefix("torch.")})
+    reader = threading.Thread(target=_read_ahead, args=(weights,), name="weights-read-ahead", daemon=True)
+    reader.start()
+    started = time.monotonic()
+    if not torch.cuda.is_available():
+        raise ModelError(f"WARMPOOL_DEVICE={device}, but CUDA is not available to torch in the engine")
+    target = torch.device(device)
+    torch.cuda.set_device(target)
+    torch.cuda.init()
+    torch.zeros(1, device=target)  # the context itself, not only the driver
+    init_s = time.monotonic() - started
+    best = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    chosen = best if dtype == "auto" else DTYPES[dtype]
+    reader.join()
+    detail = {
+        "device": str(target),
+        "gpu": torch.cuda.get_device_name(target),
+        "dtype": str(chosen).removeprefix("torch."),
+        "cuda_init_s": round(init_s, 3),
+    }
+    return Placement(target, chosen, detail)
+
+
+def memory_detail(placement: Placement) -> dict[str, Any]:
+    """GPU memory the engine holds (weights and what the allocator keeps), for the engine phase."""
+    if not placement.cuda:
+        return {}
+    return {
+        "gpu_memory_mb": round(torch.cuda.memory_allocated(placement.device) / 1e6, 1),
+        "gpu_reserved_mb": round(torch.cuda.memory_reserved(placement.device) / 1e6, 1),
+    }
+
+
+def _read_ahead(paths: list[Path]) -> None:
+    """Read the weight files once, so loading them onto the GPU finds them in the page cache."""
+    for path in paths:
+        try:
+            with path.open("rb", buffering=0) as handle:
+                while handle.read(16 << 20):
+                    pass
+        except OSError:
+            return

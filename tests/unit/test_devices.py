@@ -1,0 +1,116 @@
+"""Device selection without torch, and CUDA touched only inside the engine, after the fork."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.devices import DeviceError, engine_device, resolve, visible_gpus
+from common.settings import Settings
+from tests.server_process import ROOT
+
+
+def test_auto_is_the_gpu_when_there_is_one_else_the_cpu() -> None:
+    """WARMPOOL_DEVICE=auto picks cuda where a GPU is visible, the CPU otherwise."""
+    assert resolve("auto", 2) == "cuda" and resolve("auto", 0) == "cpu"
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:3"])
+def test_a_gpu_that_is_not_there_is_refused_with_the_reason(device: str) -> None:
+    """cuda (or cuda:N past the visible GPUs) is a DeviceError that says what is visible."""
+    with pytest.raises(DeviceError, match="visible"):
+        resolve(device, 0 if device != "cuda:3" else 2)
+
+
+def test_cuda_spreads_engines_one_per_gpu_and_cuda_n_pins_them() -> None:
+    """Engines on 'cuda' take the visible GPUs in turn; 'cuda:N' keeps every engine on GPU N."""
+    assert [engine_device("cuda", slot, 2) for slot in range(3)] == ["cuda:0", "cuda:1", "cuda:0"]
+    assert engine_device("cuda:1", 0, 2) == engine_device("cuda:1", 1, 2) == "cuda:1"
+    assert engine_device("cpu", 5, 0) == "cpu"
+
+
+def test_cuda_visible_devices_decides_how_many_gpus_are_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA_VISIBLE_DEVICES, where set, is what the engines will see ('' or -1: none)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
+    assert visible_gpus() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert visible_gpus() == 0
+
+
+def test_one_engine_per_gpu_by_default_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On cuda the default engine count is the number of visible GPUs; an explicit count wins."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    assert Settings(device="cuda").engine_count == 3
+    assert Settings(device="cuda", engines=1).engine_count == 1
+    assert Settings(device="cuda:2").engine_count == 1
+
+
+def test_the_cpu_keeps_two_engines_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU, auto is the CPU with its usual engine count."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    settings = Settings()
+    assert settings.resolved_device == "cpu" and 1 <= settings.engine_count <= 2
+
+
+FAKE_CUDA = """
+import sys, torch
+calls = []
+torch.cuda._lazy_init = lambda: calls.append("lazy_init")
+torch.cuda.init = lambda: calls.append("init")
+torch.cuda.is_available = lambda: (calls.append("is_available"), False)[1]
+import engine.process, engine.model, engine.device        # what the forkserver preloads
+import orchestrator.__main__, orchestrator.lifecycle       # the HTTP process
+before_fork = list(calls)
+from engine.device import place
+place("cpu", "auto", [])
+on_cpu = list(calls)
+try:
+    place("cuda:0", "auto", [])
+except Exception as exc:
+    refusal = str(exc)
+print(before_fork, on_cpu, calls, refusal, sep="|")
+"""
+
+
+def test_cuda_is_never_touched_before_the_engine_asks_for_its_device() -> None:
+    """With torch's CUDA entry points faked: importing what the forkserver preloads and the HTTP
+    process touches nothing; a CPU engine touches nothing; only a CUDA engine's own placement asks,
+    and with no CUDA it refuses with the reason."""
+    result = subprocess.run([sys.executable, "-c", FAKE_CUDA], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    before_fork, on_cpu, calls, refusal = result.stdout.strip().splitlines()[-1].split("|")
+    assert before_fork == "[]" and on_cpu == "[]"
+    assert calls == "['is_available']"
+    assert "CUDA is not available" in refusal
+
+
+def test_weight_files_are_known_without_torch(model_dir: Path) -> None:
+    """The engine reads ahead exactly the weights the loader reads (here one safetensors file)."""
+    from common.modelfolder import weight_files
+
+    assert [p.name for p in weight_files(model_dir)] == ["model.safetensors"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_engine_gives_float32_vectors_close_to_full_precision(model_dir: Path, dtype: str) -> None:
+    """WARMPOOL_DTYPE reaches the weights and the compute; rows still come back as float32, within
+    a cosine of 0.999 of the float32 engine's."""
+    import numpy as np
+
+    from common.modelfolder import read_model_folder
+    from engine.device import place
+    from engine.model import PoolingModel
+    from server.tokenizer import TokenizerPool
+
+    info, tokenizer = read_model_folder(model_dir), TokenizerPool(model_dir)
+    tokens = [tokenizer.encode(t) for t in ["hello world", "warm pools start fast " * 20, "ünïcödé 🚀", ""]]
+    full = PoolingModel(info, 1, place("cpu", "float32", [])).forward(tokens)
+    half_model = PoolingModel(info, 1, place("cpu", dtype, []))
+    assert half_model.placement.detail["dtype"] == dtype
+    half = half_model.forward(tokens)
+    assert half.dtype == np.float32
+    cosine = (full * half).sum(1) / np.linalg.norm(full, axis=1) / np.linalg.norm(half, axis=1)
+    assert cosine.min() >= 0.999
