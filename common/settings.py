@@ -80,7 +80,9 @@ class Settings(BaseSettings):
     restart_window: float = Field(300.0, gt=0, description="Seconds over which restarts are counted.")
     drain_timeout: float = Field(30.0, ge=0, description="Seconds to finish in-flight requests on SIGTERM.")
     fail_linger: float = Field(10.0, ge=0, description="Seconds a failed start keeps /health/startup up.")
-    request_timeout: float = Field(120.0, gt=0, description="Seconds a request may wait for the engine.")
+    request_timeout: float = Field(
+        120.0, gt=0, description="Seconds a request may take once its body has arrived: tokenizing and the engine."
+    )
     engine_stall_timeout: float | None = Field(
         None,
         gt=0,
@@ -154,6 +156,8 @@ class Settings(BaseSettings):
             if not key:
                 raise ApiKeyError("WARMPOOL_API_KEY is set but empty: refusing to serve without authentication")
             return key
+        if self.api_key_file is None and os.environ.get("WARMPOOL_API_KEY_FILE") == "":
+            raise ApiKeyError("WARMPOOL_API_KEY_FILE is set but empty: refusing to serve without authentication")
         if self.api_key_file is not None:
             try:
                 key = self.api_key_file.read_text().strip()

@@ -4,7 +4,8 @@ Messages are `(kind, body)` tuples pickled with plain pickle:
 - to the engine: SUBMIT `[(key, Tokens), ...]`, CANCEL `[key, ...]`, STOP `None`;
 - from the engine while starting: LOADED `{detail}`, READY `{detail}`, or FAILED
   `("one-line reason", traceback or None)`; then, per group of inputs run, RESULT
-  `([key, ...], float32 array [n, dims], batch stats dict)` or ERROR `([key, ...], "reason")`.
+  `([key, ...], float32 array [n, dims], batch stats dict)` or ERROR `([key, ...], "reason")`, and
+  CANCELLED `None` once it has dropped the inputs of a CANCEL.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Msg:
     FAILED = "failed"
     RESULT = "result"
     ERROR = "error"
+    CANCELLED = "cancelled"
 
 
 class Tokens(NamedTuple):

@@ -82,10 +82,10 @@ def serve_batches(conn: Connection, model: PoolingModel, spec: EngineSpec, overh
         try:
             if not pending:
                 share.idle()
-                if not _handle(conn.recv(), pending):
+                if not _handle(conn, conn.recv(), pending):
                     return
             while conn.poll(0):
-                if not _handle(conn.recv(), pending):
+                if not _handle(conn, conn.recv(), pending):
                     return
         except (EOFError, OSError):
             return  # the HTTP process is gone: nothing left to serve
@@ -94,7 +94,7 @@ def serve_batches(conn: Connection, model: PoolingModel, spec: EngineSpec, overh
             _run_batch(conn, model, batch, overhead, share)
 
 
-def _handle(message: tuple[str, Any], pending: deque[Keyed]) -> bool:
+def _handle(conn: Connection, message: tuple[str, Any], pending: deque[Keyed]) -> bool:
     kind, body = message
     if kind == Msg.SUBMIT:
         pending.extend(body)
@@ -103,6 +103,9 @@ def _handle(message: tuple[str, Any], pending: deque[Keyed]) -> bool:
         kept = [item for item in pending if item[0] not in dropped]
         pending.clear()
         pending.extend(kept)
+        # The client counts cancelled inputs as this engine's load until it hears from it: an
+        # engine that only dropped them would otherwise look busy (and, idle, stalled) forever.
+        send(conn, (Msg.CANCELLED, None))
     elif kind == Msg.STOP:
         return False
     return True

@@ -52,7 +52,7 @@ class EngineWiring:
     def engine_stalled(self, slot: int, seconds: float) -> None:
         assert self.supervisor is not None
         self.services.metrics.stalls.inc()
-        self.supervisor.kill(slot, f"no answer for {seconds:.1f} s with work outstanding")
+        self.supervisor.kill(slot, f"no answer for {seconds:.1f} s with work outstanding", seconds)
 
     # SupervisorEvents (supervisor threads)
     def engine_ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:

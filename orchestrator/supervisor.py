@@ -71,6 +71,11 @@ class EngineSupervisor:
         self.processes: list[multiprocessing.process.BaseProcess | None] = [None] * self.count
         self.budget = RestartBudget(settings.max_restarts, settings.restart_window)
         self._up: set[int] = set()
+        self._up_lock = threading.Lock()  # _up and startup.engine_up change together
+        self._forked_at = [0.0] * self.count
+        # A re-forked engine gets this long to load and warm up (the first has none: a cold start
+        # from a slow volume takes what it takes, and the startup probe bounds it).
+        self._start_limit_s: float | None = None
         self.stalls = 0  # engines killed for answering nothing with work outstanding
         self._stopping = threading.Event()
         self._lost: queue.SimpleQueue[int | None] = queue.SimpleQueue()
@@ -116,6 +121,7 @@ class EngineSupervisor:
         self.startup.start("warmup")
         warmup = self._expect(conn, process, Msg.READY)
         self.startup.done("warmup", **warmup)
+        self._start_limit_s = max(60.0, 10 * (float(loaded.get("load_s", 0)) + float(warmup.get("warmup_s", 0))))
         self._ready(0, conn, warmup)
         threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True).start()
         threading.Thread(target=self._start_others, name="engine-start-others", daemon=True).start()
@@ -123,18 +129,22 @@ class EngineSupervisor:
     def engine_lost(self, slot: int) -> None:
         """An engine's pipe closed (it died, or was stopped): re-fork it unless stopping."""
         self.busy[slot] = 0
-        self._up.discard(slot)
-        self.startup.engine_up = bool(self._up)
+        with self._up_lock:
+            self._up.discard(slot)
+            self.startup.engine_up = bool(self._up)
         self.startup.update("engine", **self._detail())
         if not self._stopping.is_set():
             process = self.processes[slot]
             log.error("engine_lost", slot=slot, pid=process.pid if process else None, up=len(self._up))
             self._lost.put(slot)
 
-    def kill(self, slot: int, reason: str) -> None:
+    def kill(self, slot: int, reason: str, stalled_s: float) -> None:
         """Kill a hung engine (SIGKILL works on a stopped process too); its pipe closes, its inputs
-        move to the other engines and it is replaced like any lost engine."""
+        move to the other engines and it is replaced like any lost engine. An engine in that slot
+        younger than the stall is its replacement already, and is left alone."""
         process = self.processes[slot]
+        if time.monotonic() - self._forked_at[slot] < stalled_s:
+            return
         if process is not None and process.is_alive():
             log.error("engine_killed", slot=slot, pid=process.pid, reason=reason)
             self.stalls += 1
@@ -177,39 +187,52 @@ class EngineSupervisor:
         process.start()  # with forkserver, returns once the server has preloaded and forked
         child.close()
         self.processes[slot] = process
+        self._forked_at[slot] = time.monotonic()
         return process, parent
 
     def _ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:
-        self._up.add(slot)
-        self.events.engine_ready(slot, conn, warmup)
-        self.startup.engine_up = True
+        with self._up_lock:  # an engine_lost for this pipe, however early, lands after this
+            self.events.engine_ready(slot, conn, warmup)
+            self._up.add(slot)
+            self.startup.engine_up = True
         self.startup.update("engine", **self._detail())
         log.info("engine_ready", slot=slot, pid=self.pids[slot], up=len(self._up))
 
     def _bring_up(self, slot: int) -> None:
         process, conn = self._fork(slot)
-        self._expect(conn, process, Msg.LOADED)
-        self._ready(slot, conn, self._expect(conn, process, Msg.READY))
+        deadline = None if self._start_limit_s is None else time.monotonic() + self._start_limit_s
+        self._expect(conn, process, Msg.LOADED, deadline)
+        self._ready(slot, conn, self._expect(conn, process, Msg.READY, deadline))
 
-    def _expect(self, conn: Connection, process: Any, wanted: str) -> dict[str, Any]:
-        while not self._stopping.is_set():
-            if conn.poll(0.1):
-                try:
-                    kind, body = conn.recv()
-                except (EOFError, OSError):  # it died: its exit code tells why
-                    process.join(STOP_GRACE_S)
-                    raise EngineStartError(f"engine exited with code {process.exitcode} while starting") from None
-                if kind == Msg.FAILED:
-                    reason, trace = body
-                    process.join(STOP_GRACE_S)
-                    # The traceback goes to the log; /health/startup (open without a key) gets one line.
-                    log.error("engine_start_failed", reason=reason, traceback=trace)
-                    raise EngineStartError(reason.splitlines()[0] if reason else "engine failed")
-                if kind == wanted:
-                    return dict(body)
-            elif not process.is_alive():
-                raise EngineStartError(f"engine exited with code {process.exitcode} while starting")
-        raise EngineStartError("stopping")
+    def _expect(self, conn: Connection, process: Any, wanted: str, deadline: float | None = None) -> dict[str, Any]:
+        """The engine's next start-up message of kind `wanted`; EngineStartError (the process
+        killed, so nothing lingers holding memory or a GPU) if it fails, dies or hangs past `deadline`."""
+        try:
+            while not self._stopping.is_set():
+                if deadline is not None and time.monotonic() > deadline:
+                    raise EngineStartError(f"engine did not start within {self._start_limit_s:.0f} s")
+                if conn.poll(0.1):
+                    try:
+                        kind, body = conn.recv()
+                    except (EOFError, OSError):  # it died: its exit code tells why
+                        process.join(STOP_GRACE_S)
+                        raise EngineStartError(f"engine exited with code {process.exitcode} while starting") from None
+                    if kind == Msg.FAILED:
+                        reason, trace = body
+                        # The traceback goes to the log; /health/startup (open without a key) gets one line.
+                        log.error("engine_start_failed", reason=reason, traceback=trace)
+                        process.join(STOP_GRACE_S)
+                        raise EngineStartError(reason.splitlines()[0] if reason else "engine failed")
+                    if kind == wanted:
+                        return dict(body)
+                elif not process.is_alive():
+                    raise EngineStartError(f"engine exited with code {process.exitcode} while starting")
+            raise EngineStartError("stopping")
+        except EngineStartError:
+            if process.is_alive():
+                process.kill()
+                process.join(STOP_GRACE_S)
+            raise
 
     def _supervise(self) -> None:
         while (slot := self._lost.get()) is not None and not self._stopping.is_set():

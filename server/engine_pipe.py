@@ -35,6 +35,8 @@ class EnginePipe:
         self._on_message = on_message
         self._on_closed = on_closed
         self._outbox: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self._threads = 2
+        self._threads_lock = threading.Lock()
         threading.Thread(target=self._send_loop, name=f"engine-sender-{slot}", daemon=True).start()
         threading.Thread(target=self._read_loop, name=f"engine-reader-{slot}", daemon=True).start()
 
@@ -59,7 +61,8 @@ class EnginePipe:
         self.cancelled += tokens
 
     def progressed(self) -> None:
-        """The engine answered: it has read every CANCEL sent before its current group."""
+        """The engine sent something: a result, an error, or CANCELLED once it has dropped the inputs
+        of a CANCEL. Cancelled tokens stop counting then: whatever of them it still runs is brief."""
         self.last_progress = time.monotonic()
         self.load -= self.cancelled
         self.cancelled = 0
@@ -73,6 +76,7 @@ class EnginePipe:
             # A broken pipe is the reader's to notice: it runs the engine-lost path.
             with contextlib.suppress(OSError, ValueError):
                 send(self.conn, message)
+        self._thread_done()
 
     def _read_loop(self) -> None:
         while True:
@@ -82,5 +86,14 @@ class EnginePipe:
                 break
             self._on_message(self, kind, body)
         self.close_sender()
-        self.conn.close()
+        self._thread_done()
         self._on_closed(self)
+
+    def _thread_done(self) -> None:
+        """The pipe closes once both its threads are done with it: closed under a send or a recv,
+        its fd number could be reused by a new pipe or socket while that call still used it."""
+        with self._threads_lock:
+            self._threads -= 1
+            last = self._threads == 0
+        if last:
+            self.conn.close()

@@ -3,7 +3,9 @@ sends nothing, or drips a request line, would hold a connection for good (a slow
 
 `with_header_timeout(seconds)` is uvicorn's httptools protocol with one timer: armed when a
 connection opens and when a request begins, cancelled once its headers are complete; past it the
-connection is closed. Bodies have their own deadline in the request pipeline (408).
+connection is closed. Bodies have their own deadline in the request pipeline (408). A request
+answered before its body arrived (401, 413, 503) re-arms the timer too: the rest of the body
+must arrive, and the next request begin, within it, or the connection is closed.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ class _HeaderTimeoutProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        unread_body = getattr(self.cycle, "more_body", False)
+        super().on_response_complete()
+        if unread_body:
+            self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

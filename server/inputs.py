@@ -1,7 +1,8 @@
-"""Request inputs, on the executor: parse the body, admit its inputs, tokenize them, check them.
+"""Request inputs: parse the body, admit its inputs, tokenize them, check them.
 
-Each function here is synchronous and thread safe; none runs on the event loop, where a long
-text would stall every other request and the probes.
+Each function here is synchronous and thread safe, and all but the first admission permit (taken
+on the event loop, so a full server refuses at once) run on the executor, never on the loop, where
+a long text would stall every other request and the probes.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class RequestContext:
         on the executor: its permits go back once that thread is done with them, not before."""
         self.abandoned = True
         work.add_done_callback(lambda _: self.release())  # on the worker thread, as it finishes
+        work.cancel()  # not started yet (a busy executor): it never will be, and releases now
 
 
 def overloaded() -> APIError:
@@ -140,15 +142,16 @@ def tokenize_inputs(
     return tokens
 
 
-def truncation_limit(truncate: int | None, ctx: RequestContext, text: bool = True) -> int | None:
-    """The token count to cut inputs to, or None. A text keeps its special tokens when cut, so the
-    limit must leave room for at least one token of it besides them."""
+def truncation_limit(truncate: int | None, ctx: RequestContext, text: bool = True, pair: bool = False) -> int | None:
+    """The token count to cut inputs to, or None. A text (or a pair) keeps its special tokens when
+    cut, so the limit must leave room for at least one token besides them."""
     if truncate is None:
         return None
     info = ctx.folder
     if truncate == -1:
         return info.max_model_len
-    least = ctx.tokenizers.special_tokens + 1 if text else 1
+    specials = ctx.tokenizers.special_tokens_pair if pair else ctx.tokenizers.special_tokens
+    least = specials + 1 if text else 1
     if truncate < least or truncate > info.max_model_len:
         raise bad_request(
             f"truncate_prompt_tokens must be -1 or between {least} and the model's maximum of "

@@ -66,9 +66,9 @@ class Timings:
         }
 
 
-def request_context(svc: Services, admitted: bool = True) -> RequestContext:
+def request_context(svc: Services) -> RequestContext:
     """A context on the default model (a request's `model` field may select another); 503 if not serving."""
-    return RequestContext(svc.default_model(), svc.models, svc.settings, svc.admission if admitted else None)
+    return RequestContext(svc.default_model(), svc.models, svc.settings, svc.admission)
 
 
 async def read_body(request: Request, svc: Services) -> bytes:
@@ -111,13 +111,14 @@ async def answer(request: Request, prepare: Prepare, render: Render) -> Response
     timings = Timings()
     svc.default_model()  # 503 before reading the body of a request that cannot be served
     raw = await read_body(request, svc)
+    arrived = time.perf_counter()  # tokenization time counts from here, not from the upload
     loop = asyncio.get_running_loop()
     deadline = loop.time() + svc.settings.request_timeout
     gone = asyncio.ensure_future(_client_gone(request))
     try:
         with admitted(svc) as ctx:
             prepared = await prepare_in_time(svc, prepare, raw, ctx, gone, deadline)
-            timings.tokenization_ms = (time.perf_counter() - timings.started) * 1000
+            timings.tokenization_ms = (time.perf_counter() - arrived) * 1000
             outcome = await run_on_engine(
                 svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx), deadline
             )
@@ -135,9 +136,13 @@ async def prepare_in_time(
     loop = asyncio.get_running_loop()
     running = svc.executor.submit(prepare, raw, ctx)
     work = asyncio.wrap_future(running, loop=loop)
-    done, _ = await asyncio.wait(
-        (work, gone), timeout=max(deadline - loop.time(), 0.0), return_when=asyncio.FIRST_COMPLETED
-    )
+    try:
+        done, _ = await asyncio.wait(
+            (work, gone), timeout=max(deadline - loop.time(), 0.0), return_when=asyncio.FIRST_COMPLETED
+        )
+    except asyncio.CancelledError:  # the server is exiting: the permits still follow the thread
+        ctx.abandon(running)
+        raise
     if work in done:
         return work.result()
     ctx.abandon(running)

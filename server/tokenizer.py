@@ -33,9 +33,10 @@ class TokenizerPool:
         self._json = prototype.to_str()
         self._local = threading.local()
         self.vocab_size = prototype.get_vocab_size(with_added_tokens=True)
-        self.special_tokens = (
-            prototype.post_processor.num_special_tokens_to_add(False) if prototype.post_processor else 0
-        )
+        processor = prototype.post_processor
+        self.special_tokens = processor.num_special_tokens_to_add(False) if processor else 0
+        self.special_tokens_pair = processor.num_special_tokens_to_add(True) if processor else 0
+        self._joins_pairs = processor is not None  # else join pairs by encoding them whole
 
     def get(self) -> Tokenizer:
         tok = getattr(self._local, "tok", None)
@@ -63,6 +64,8 @@ class TokenizerPool:
         query against 2000 documents is tokenized once, not 2000 times), then joined with the
         special tokens and cut to `truncate` exactly as encoding the pair whole would."""
         tok = self.get()
+        if not self._joins_pairs:  # no post-processor: only the whole-pair call sets the type ids
+            return self.encode_batch(list(pairs), truncate)
         texts = list(dict.fromkeys(text for pair in pairs for text in pair))
         parts = dict(zip(texts, tok.encode_batch_fast(texts, add_special_tokens=False), strict=True))
         if truncate is not None:
@@ -77,7 +80,10 @@ class TokenizerPool:
         return self.encode_batch([text if pair is None else (text, pair)], truncate)[0]
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        return list(self.get().encode(text, add_special_tokens=add_special_tokens).ids)
+        tok = self.get()
+        if len(text) <= SHORT_TEXT_CHARS:
+            return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        return list(tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.get().decode(ids, skip_special_tokens=False)

@@ -82,3 +82,13 @@ def test_an_idle_connection_is_cut_off(guarded: ServerProcess) -> None:
 def test_permits_are_all_free_afterwards(guarded: ServerProcess) -> None:
     """Timed-out and abandoned uploads give back every permit."""
     wait_for(lambda: "warmpool_inputs_in_flight 0.0" in guarded.get("/metrics").text, 10, "permits back to 0")
+
+
+def test_a_client_answered_before_its_body_cannot_hold_the_connection(guarded: ServerProcess) -> None:
+    """Answered before its body arrived (413 from Content-Length), a client that then sends a byte
+    and falls silent is cut off instead of holding the connection forever."""
+    sock = connect(guarded)
+    with sock:
+        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-length: 99999999\r\n\r\n{")
+        answer = read_all(sock)  # returns once the server closes
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:100]

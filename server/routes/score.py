@@ -43,7 +43,8 @@ def tokenize_pairs(
 
     Every text is checked once, before any pairing: a long query is refused (or cut) once, not
     tokenized again against each document."""
-    limit = inputs.truncation_limit(truncate, ctx)
+    cross = ctx.folder.kind == "cross-encoder"
+    limit = inputs.truncation_limit(truncate, ctx, pair=cross)
     left_field, right_field = fields
     one_left = len(set(lefts)) == 1  # a query against every document
     origin: dict[str, str] = {}
@@ -51,7 +52,6 @@ def tokenize_pairs(
         origin.setdefault(text, left_field if one_left else f"{left_field}[{i}]")
     for i, text in enumerate(rights):
         origin.setdefault(text, f"{right_field}[{i}]")
-    cross = ctx.folder.kind == "cross-encoder"
     ctx.admit(len(lefts) if cross else len(origin), right_field)
     texts = {text: inputs.capped(text, ctx.folder, name, limit is not None) for text, name in origin.items()}
     if cross:

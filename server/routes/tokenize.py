@@ -16,7 +16,8 @@ router = APIRouter(tags=["tokenize"])
 def tokenize(raw: bytes, ctx: RequestContext) -> bytes:
     body = inputs.parse(TokenizeRequest, raw)
     ctx.select_model(body.model)
-    tokens = ctx.tokenizers.tokenize(body.prompt, body.add_special_tokens)
+    prompt = inputs.capped(body.prompt, ctx.folder, "prompt", truncating=False)
+    tokens = ctx.tokenizers.tokenize(prompt, body.add_special_tokens)
     return outputs.to_json(
         {"count": len(tokens), "max_model_len": ctx.folder.max_model_len, "tokens": tokens, "token_strs": None}
     )
@@ -25,6 +26,11 @@ def tokenize(raw: bytes, ctx: RequestContext) -> bytes:
 def detokenize(raw: bytes, ctx: RequestContext) -> bytes:
     body = inputs.parse(DetokenizeRequest, raw)
     ctx.select_model(body.model)
+    if len(body.tokens) > inputs.max_chars(ctx.folder):
+        raise inputs.bad_request(
+            f"'tokens' has {len(body.tokens)} ids, more than the {inputs.max_chars(ctx.folder)} this model allows",
+            "tokens",
+        )
     vocab = ctx.tokenizers.vocab_size
     bad = next((t for t in body.tokens if t < 0 or t >= vocab), None)
     if bad is not None:

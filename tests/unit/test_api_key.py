@@ -86,3 +86,11 @@ def test_a_key_differing_past_512_characters_is_refused() -> None:
     """The whole key is compared: a difference at the very end is a 401."""
     key = "k" * 2000
     assert guarded_status(key, key[:-1] + "x") == 401
+
+
+def test_an_empty_key_file_variable_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """WARMPOOL_API_KEY_FILE="" (an unset template variable) is an error, not 'no key'."""
+    monkeypatch.delenv("WARMPOOL_API_KEY", raising=False)
+    monkeypatch.setenv("WARMPOOL_API_KEY_FILE", "")
+    with pytest.raises(ApiKeyError, match="WARMPOOL_API_KEY_FILE is set but empty"):
+        Settings().resolved_api_key()

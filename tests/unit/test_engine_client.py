@@ -89,6 +89,10 @@ class FakeEngine:
     def fail(self, keys: list[int], reason: str) -> None:
         self._outbox.put((Msg.ERROR, (keys, reason)))
 
+    def ack_cancel(self) -> None:
+        """What a real engine sends once it has dropped the inputs of a CANCEL."""
+        self._outbox.put((Msg.CANCELLED, None))
+
     def die(self) -> None:
         """Close this end of the pipe, as a crashed engine process would, and wait for it to be closed."""
         self._outbox.put(None)
@@ -530,5 +534,26 @@ def test_cancelled_inputs_count_as_load_until_the_engine_answers() -> None:
         _, (short,) = rig.client.submit([tok(2, 3)])
         await until(lambda: short in a.keys + b.keys, "the next input at an engine")
         assert b.keys == [short]
+
+    run(scenario)
+
+
+def test_an_engines_cancel_acknowledgement_frees_its_load() -> None:
+    """Once the engine says CANCELLED, the cancelled tokens stop counting: it takes new work again
+    (and an idle engine that only dropped inputs is never taken for a stalled one)."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.client.stall_timeout_s = 0.3
+        a, b = rig.attach(0), rig.attach(1)
+        _, keys = rig.client.submit([tok(1, 50)])
+        await until(lambda: a.keys, "the input at the first engine")
+        rig.client.cancel(keys)
+        await until(lambda: a.cancels, "the CANCEL at the first engine")
+        a.ack_cancel()
+        await until(lambda: rig.client._slots[0].load == 0, "the first engine's load freed")
+        _, (short,) = rig.client.submit([tok(2, 3)])
+        await until(lambda: short in a.keys + b.keys, "the next input at an engine")
+        assert a.keys[-1] == short and b.keys == []
+        assert rig.events.stalled == []
 
     run(scenario)

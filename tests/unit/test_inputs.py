@@ -131,3 +131,16 @@ def test_a_too_long_query_is_refused_once_before_pairing(folder: ModelFolder, to
     with pytest.raises(APIError) as caught:
         tokenize_pairs(["word " * 300] * 50, ["doc"] * 50, ctx, None, ("query", "documents"))
     assert caught.value.param == "query" and "query has" in caught.value.message
+
+
+def test_pair_truncation_must_leave_room_beside_the_pairs_special_tokens(
+    folder: ModelFolder, tokenizers: TokenizerPool
+) -> None:
+    """A cross-encoder pair carries [CLS] q [SEP] d [SEP]: truncating to 3 would keep no text, so
+    the floor for pairs is 4."""
+    ctx = context(folder, tokenizers, kind="cross-encoder")
+    with pytest.raises(APIError) as caught:
+        tokenize_pairs(["q"], ["d"], ctx, 3, ("query", "documents"))
+    assert "between 4 and" in caught.value.message
+    tokens, _ = tokenize_pairs(["query"], ["document"], ctx, 4, ("query", "documents"))
+    assert len(tokens[0].input_ids) == 4
