@@ -58,6 +58,18 @@ def _read_json(path: Path, list_key: str | None = None) -> dict[str, Any]:
     return data
 
 
+_INTEGER_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "vocab_size",
+    "type_vocab_size",
+    "num_labels",
+)
+
+
 def read_model_folder(path: Path) -> ModelFolder:
     """The folder's kind, pooling, lengths and labels; ModelError for anything that cannot be served."""
     try:
@@ -72,6 +84,10 @@ def _read(path: Path) -> ModelFolder:
     config = _read_json(path / "config.json")
     if not config:
         raise ModelError(f"no config.json in model folder {path}")
+    for key in _INTEGER_KEYS:  # checked here, so a bad value is named, not a shape error in the engine
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ModelError(f"'{key}' in {path / 'config.json'} must be a non-negative integer, got {value!r}")
     architectures = config.get("architectures") or ["AutoModel"]
     if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
         raise ModelError(f"'architectures' in {path / 'config.json'} must be a list of class names")
