@@ -21,6 +21,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="WARMPOOL_",
         cli_kebab_case=True,
+        cli_prog_name="warmpool",
         cli_implicit_flags=False,
         extra="ignore",
         # compose passes `${WARMPOOL_X:-}` for settings whose default is derived: empty means unset.

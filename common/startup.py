@@ -74,7 +74,8 @@ class StartupState:
 
     def update(self, name: str, **detail: Any) -> None:
         with self._lock:
-            self._phases[name].detail.update(detail)
+            if self._phases[name].state != "failed":
+                self._phases[name].detail.update(detail)
 
     def done(self, name: str, **detail: Any) -> None:
         self._move(name, "done", detail)
@@ -84,12 +85,19 @@ class StartupState:
         self._move(name, "skipped", {"reason": reason, **detail})
 
     def fail(self, name: str, error: str, **detail: Any) -> None:
+        """`name` failed; every phase still pending or running is skipped: the start stops here."""
         self._move(name, "failed", {"error": error, **detail})
+        with self._lock:
+            rest = [p.name for p in self._phases.values() if p.state in ("pending", "running")]
+        for other in rest:
+            self.skip(other, f"start failed in phase '{name}'")
 
     def _move(self, name: str, state: State, detail: dict[str, Any], start: bool = False) -> None:
         now = uptime()
         with self._lock:
             phase = self._phases[name]
+            if phase.state == "failed":  # a failed phase stays failed, whatever runs on after it
+                return
             if start or phase.started_s is None:
                 phase.started_s = now
             phase.state = state
@@ -143,6 +151,13 @@ class StartupState:
                     return phase.name
             pending = [p.name for p in self._phases.values() if p.state == "pending"]
         return pending[0] if pending else None
+
+    def summary(self) -> str:
+        """One line for people: 'ready in 2.1 s: bind 0.0 s, prefetch 0.1 s, ...' (phases that ran)."""
+        with self._lock:
+            ran = [p for p in self._phases.values() if p.duration_s is not None and p.state == "done"]
+            parts = ", ".join(f"{p.name} {p.duration_s:.2f} s" for p in ran if p.name != "ready")
+        return f"ready in {uptime():.2f} s: {parts}"
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

@@ -111,6 +111,8 @@ class LifecycleServer(uvicorn.Server):
             folder, tokenizers = await svc.off_loop(_load_model_side, settings.model_path)
             await engine_started
         except Exception as exc:
+            wiring.supervisor.abort()  # no engine is forked for a model that failed
+            engine_started.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it now
             if not self._draining:
                 failed = "warmup" if startup.state("warmup") == "running" else "engine"
                 message = str(exc) if isinstance(exc, ModelError | EngineStartError) else repr(exc)
@@ -120,6 +122,7 @@ class LifecycleServer(uvicorn.Server):
         svc.models[settings.model_name] = ServedModel(settings.model_name, folder, tokenizers, wiring.client)
         startup.start("ready")
         startup.done("ready", model=settings.model_name, kind=folder.kind)
+        log.info("ready", summary=startup.summary())
 
     async def fail(self, reason: str) -> None:
         """Keep /health/startup up for fail_linger seconds so people can read why, then exit 1."""

@@ -151,6 +151,10 @@ class EngineSupervisor:
             self.startup.update("engine", **self._detail())
             process.kill()
 
+    def abort(self) -> None:
+        """The start failed elsewhere (the model folder, the tokenizer): fork no engine from now on."""
+        self._stopping.set()
+
     def stop(self) -> None:
         """Stop the engines (each finishes its batch) and the forkserver; no process left behind."""
         self._stopping.set()

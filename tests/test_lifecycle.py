@@ -148,7 +148,15 @@ def test_broken_model_fails_its_phase_and_exits_nonzero(
         assert expected in error, error
         assert "\n" not in error and "Traceback" not in error  # one line; the traceback is in the log
         assert server.get("/health/ready").status_code == 503
-        server.proc.wait(timeout=30)
+
+        def exited_with_the_phase_failed_throughout() -> bool:
+            if server.proc.poll() is not None:
+                return True
+            states = {p["name"]: p["state"] for p in server.startup()["phases"]}
+            assert states["engine"] == "failed" and states["ready"] == "skipped", states
+            return False
+
+        wait_for(exited_with_the_phase_failed_throughout, 30, "the exit after the linger")
         assert server.proc.returncode != 0
     finally:
         server.stop()

@@ -260,3 +260,15 @@ def test_compose_never_pins_a_derived_or_unset_setting(name: str) -> None:
     value = compose_environment().get(env_name(name))
     if value is not None:
         assert compose_default(name, value) == "", f"{env_name(name)} is pinned: {value}"
+
+
+def test_the_warmpool_command_is_the_orchestrator_and_says_its_name() -> None:
+    """`warmpool` (the console script) starts the orchestrator; --help calls the program warmpool."""
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "warmpool"
+    assert script.exists() and "orchestrator.__main__" in script.read_text()
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("usage: warmpool")
+    assert "--max-batch-tokens" in result.stdout

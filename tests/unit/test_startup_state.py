@@ -251,6 +251,9 @@ def test_each_transition_logs_one_phase_event(logs: list[dict[str, Any]]) -> Non
         ("phase", "prefetch", "skipped"),
         ("phase", "forkserver", "running"),
         ("phase", "forkserver", "failed"),
+        ("phase", "engine", "skipped"),  # the start stops at a failure: the rest is skipped
+        ("phase", "warmup", "skipped"),
+        ("phase", "ready", "skipped"),
     ]
 
 
@@ -267,8 +270,7 @@ def test_failed_transition_logs_at_error_level(logs: list[dict[str, Any]]) -> No
     state = StartupState()
     state.start("engine")
     state.fail("engine", error="boom")
-    state.skip("warmup", reason="no engine")
-    assert [(e["state"], e["log_level"]) for e in logs] == [
+    assert [(e["state"], e["log_level"]) for e in logs if e["phase"] in ("engine", "warmup")] == [
         ("running", "info"),
         ("failed", "error"),
         ("skipped", "info"),
@@ -281,7 +283,7 @@ def test_phase_event_carries_timings_and_detail(clock: Clock, logs: list[dict[st
     state.start("engine", backend="native")
     clock.now = 13.0
     state.fail("engine", error="boom")
-    assert logs[-1] == {
+    assert next(e for e in logs if e["state"] == "failed") == {
         "event": "phase",
         "log_level": "error",
         "phase": "engine",
@@ -291,3 +293,34 @@ def test_phase_event_carries_timings_and_detail(clock: Clock, logs: list[dict[st
         "backend": "native",
         "error": "boom",
     }
+
+
+def test_a_failed_phase_stays_failed_and_the_rest_is_skipped() -> None:
+    """After a failure, later transitions of that phase change nothing (a forkserver coming up must
+    not put a failed engine phase back to running), and the phases still to come are skipped."""
+    state = StartupState()
+    state.start("bind")
+    state.done("bind")
+    state.fail("engine", error="model folder not found")
+    state.start("engine", pid=7)
+    state.update("engine", pid=8)
+    phases = {p["name"]: p for p in state.snapshot()["phases"]}
+    assert phases["engine"]["state"] == "failed" and phases["engine"]["detail"] == {"error": "model folder not found"}
+    assert phases["bind"]["state"] == "done"
+    for name in ("prefetch", "forkserver", "warmup", "ready"):
+        assert phases[name]["state"] == "skipped"
+        assert phases[name]["detail"]["reason"] == "start failed in phase 'engine'"
+    assert state.status() == "failed" and state.current() == "engine"
+
+
+def test_the_summary_is_one_line_of_the_phases_that_ran(clock: Clock) -> None:
+    """summary() says how long the start took and each finished phase's time, skipped ones left out."""
+    state = StartupState()
+    state.start("bind")
+    clock.now = 10.5
+    state.done("bind")
+    state.skip("prefetch", reason="off")
+    state.start("engine")
+    clock.now = 12.0
+    state.done("engine")
+    assert state.summary() == "ready in 12.00 s: bind 0.50 s, engine 1.50 s"
