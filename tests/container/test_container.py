@@ -57,11 +57,21 @@ def engine() -> Iterator[docker.DockerClient]:
 
 
 @pytest.fixture(scope="module")
-def stack(engine: docker.DockerClient) -> Iterator[tuple[str, dict[str, str]]]:
-    """Build the image and bring the compose stack up; always take it down again."""
+def stack(
+    engine: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """Build the image and bring the compose stack up, bare (an empty models folder, no
+    WARMPOOL_MODEL: the image's embedded model); always take it down again."""
     subprocess.run(["make", "image"], cwd=ROOT, check=True, timeout=1800)
     port = free_port()
-    env = {**os.environ, "WARMPOOL_PUBLISH": f"127.0.0.1:{port}", "WARMPOOL_DRAIN_TIMEOUT": str(DRAIN_TIMEOUT)}
+    empty = tmp_path_factory.mktemp("empty-models")  # nothing mounted: a clean checkout's ./models
+    env = {
+        **os.environ,
+        "WARMPOOL_PUBLISH": f"127.0.0.1:{port}",
+        "WARMPOOL_DRAIN_TIMEOUT": str(DRAIN_TIMEOUT),
+        "WARMPOOL_MODELS_DIR": str(empty),
+    }
+    env.pop("WARMPOOL_MODEL", None)
     try:
         started = time.monotonic()
         up = compose("up", "--wait", "--no-build", env=env)
@@ -86,6 +96,7 @@ def test_container_serves_like_the_local_server(
         startup = http.get("/health/startup").json()
         assert [p["name"] for p in startup["phases"]] == ["bind", "prefetch", "forkserver", "engine", "warmup", "ready"]
         assert {p["state"] for p in startup["phases"]} == {"done"}, startup
+        assert http.get("/v1/models").json()["data"][0]["id"] == "all-MiniLM-L6-v2"  # the embedded model
         texts = ["served from a container", "and from a local process"]
         in_container = http.post("/v1/embeddings", json={"input": texts}).json()["data"]
     local = server.post("/v1/embeddings", json={"input": texts}).json()["data"]

@@ -238,7 +238,8 @@ def test_compose_passes_the_settings_default(name: str) -> None:
     Settings' (numbers compared numerically), so the shell can override it and unset means the server's default.
     Image values are the exceptions: WARMPOOL_HOST and WARMPOOL_PORT are either absent (the image sets them) or
     fixed to 0.0.0.0 and 8000 (compose publishes container port 8000); WARMPOOL_MODEL's default may be the
-    default folder under the image's /models mount; WARMPOOL_LOG_FORMAT's default may be json (container logs)."""
+    image's embedded copy of the default model (/opt/warmpool/models/<name>); WARMPOOL_LOG_FORMAT's default may
+    be json (container logs)."""
     key, default = env_name(name), FIELDS[name].default
     environment = compose_environment()
     if key in IMAGE_VALUES:
@@ -247,7 +248,7 @@ def test_compose_passes_the_settings_default(name: str) -> None:
     assert key in environment, f"{key} is missing from compose.yaml"
     written = compose_default(name, environment[key])
     allowed = {
-        "WARMPOOL_MODEL": f"/models/{Path(str(default)).name}",
+        "WARMPOOL_MODEL": f"/opt/warmpool/models/{Path(str(default)).name}",
         "WARMPOOL_LOG_FORMAT": "json",
     }
     assert same_default(written, default) or written == allowed.get(key), f"{key}: compose {written!r}, {default!r}"
