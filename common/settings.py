@@ -64,7 +64,8 @@ class Settings(BaseSettings):
     engine_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
         ge=1,
-        description="torch threads of an engine working alone; busy together, each takes its share.",
+        description="torch threads of an engine working alone (busy together, each takes its share); "
+        "default: the CPU count.",
     )
     engine_nice: int = Field(
         5, ge=0, le=19, description="Niceness of the engine, so the HTTP process gets a core at once."

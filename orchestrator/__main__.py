@@ -14,7 +14,13 @@ from common.startup import StartupState
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)  # type: ignore[call-arg]
+    args = sys.argv[1:] if argv is None else argv
+    if "-h" in args or "--help" in args:
+        from orchestrator.cli_help import render
+
+        print(render(), end="")
+        return 0
+    settings = Settings(_cli_parse_args=args)  # type: ignore[call-arg]
     from orchestrator import binding, forkserver, logs
 
     logs.configure(settings.log_level, settings.log_format)

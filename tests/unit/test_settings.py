@@ -273,3 +273,15 @@ def test_the_warmpool_command_is_the_orchestrator_and_says_its_name() -> None:
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.startswith("usage: warmpool")
     assert "--max-batch-tokens" in result.stdout
+
+
+def test_help_groups_every_setting_once_with_its_variable() -> None:
+    """`warmpool --help` lists every setting exactly once, in a group, with its WARMPOOL_ variable:
+    a new setting left out of the groups fails here."""
+    from orchestrator.cli_help import GROUPS, render
+
+    grouped = [name for names in GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(FIELDS) and len(grouped) == len(set(grouped))
+    text = render()
+    for name in FIELDS:
+        assert f"--{name.replace('_', '-')}  (WARMPOOL_{name.upper()}" in text

@@ -1,0 +1,58 @@
+"""`warmpool --help`: every setting as its flag and its environment variable, grouped by concern."""
+
+from __future__ import annotations
+
+import textwrap
+
+from common.settings import Settings
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "model": ("model", "served_model_name", "device", "dtype"),
+    "network": ("host", "port"),
+    "limits": (
+        "max_batch_tokens",
+        "max_batch_size",
+        "max_inputs_per_request",
+        "max_concurrent_inputs",
+        "max_body_bytes",
+        "request_timeout",
+        "read_timeout",
+    ),
+    "engines": (
+        "engines",
+        "engine_threads",
+        "engine_nice",
+        "engine_stall_timeout",
+        "executor_threads",
+        "max_restarts",
+        "restart_window",
+    ),
+    "start-up and shutdown": ("start_method", "prefetch", "prefetch_threads", "drain_timeout", "fail_linger"),
+    "security": ("api_key", "api_key_file"),
+    "logging": ("log_level", "log_format"),
+}
+
+
+def render() -> str:
+    """The help text: usage, then each group's flags with env var, default and meaning."""
+    fields = Settings.model_fields
+    lines = [
+        "usage: warmpool [--<setting> VALUE ...]",
+        "",
+        "A pooling-model server that is ready soon after a (re)start. Every setting is a flag and an",
+        "environment variable; flags win over variables, which win over the defaults.",
+    ]
+    for group, names in GROUPS.items():
+        lines += ["", f"{group}:"]
+        for name in names:
+            field = fields[name]
+            described = "default" in (field.description or "")  # a derived default, said in words
+            if field.default_factory is not None or (field.default is None and described):
+                default = ""
+            else:
+                default = ", unset" if field.default is None else f", default {field.default}"
+            lines.append(f"  --{name.replace('_', '-')}  (WARMPOOL_{name.upper()}{default})")
+            lines += textwrap.wrap(
+                field.description or "", width=96, initial_indent="      ", subsequent_indent="      "
+            )
+    return "\n".join(lines) + "\n"
