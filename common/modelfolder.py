@@ -8,18 +8,39 @@ from pathlib import Path
 from typing import Any, Literal
 
 Kind = Literal["embedding", "classification", "cross-encoder"]
-PoolingMode = Literal["mean", "cls", "lasttoken", "max"]
+PoolingMode = Literal["mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len_tokens"]
 
 _POOLING_KEYS: dict[str, PoolingMode] = {
     "pooling_mode_mean_tokens": "mean",
     "pooling_mode_cls_token": "cls",
     "pooling_mode_lasttoken": "lasttoken",
     "pooling_mode_max_tokens": "max",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+}
+
+# A Dense module's activation_function (its torch.nn class) -> the name engine.dense knows it by.
+DENSE_ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "Identity",
+    **{f"torch.nn.modules.activation.{name}": name for name in ("Tanh", "ReLU", "GELU", "Sigmoid", "SiLU")},
 }
 
 
 class ModelError(Exception):
     """The model folder is missing, unreadable or not something warmpool can serve."""
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """A sentence-transformers Dense module after pooling: activation(linear(x)) (+ x, or + a
+    projection of x, with use_residual)."""
+
+    path: Path  # the module's folder: its weights are model.safetensors or pytorch_model.bin there
+    in_features: int
+    out_features: int
+    bias: bool = True
+    activation: str = "Tanh"  # a value of DENSE_ACTIVATIONS
+    residual: bool = False
 
 
 @dataclass(frozen=True)
@@ -33,13 +54,18 @@ class ModelFolder:
     pooling: PoolingMode = "mean"
     normalize: bool = False
     id2label: dict[int, str] = field(default_factory=dict)
-    native: bool = False  # served by engine.bert, without transformers
+    native: bool = False  # served by a native engine family (engine.families), without transformers
     config: dict[str, Any] = field(default_factory=dict)  # config.json, parsed once
+    prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers' named prompts
+    default_prompt_name: str | None = None  # the prompt a request naming none gets
+    dense: tuple[DenseLayer, ...] = ()  # sentence-transformers Dense modules, in order, after pooling
 
     @property
     def dimensions(self) -> int:
         """Length of the vector the engine returns per input."""
-        return self.hidden_size if self.kind == "embedding" else max(len(self.id2label), 1)
+        if self.kind != "embedding":
+            return max(len(self.id2label), 1)
+        return self.dense[-1].out_features if self.dense else self.hidden_size
 
 
 def _read_json(path: Path, list_key: str | None = None) -> dict[str, Any]:
@@ -98,20 +124,39 @@ def _read(path: Path) -> ModelFolder:
     id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
     if kind == "cross-encoder":
         id2label = id2label if len(id2label) == 1 else {0: "score"}
-    pooling, normalize = _pooling(path, modules)
+    hidden = int(config.get("hidden_size") or config.get("d_model") or config.get("dim") or 0)
+    pooling, normalize, dense = _modules(path, modules, hidden)
+    prompts, default_prompt_name = read_prompts(path)
     return ModelFolder(
         path=path,
         kind=kind,
         architecture=architecture,
         max_model_len=_max_len(path, config, st_config),
-        hidden_size=int(config.get("hidden_size") or config.get("d_model") or 0),
+        hidden_size=hidden,
         vocab_size=int(config.get("vocab_size") or 0),
         pooling=pooling,
         normalize=normalize,
         id2label=id2label,
-        native=native_bert(path, config, kind),
+        native=native_model(path, config, kind),
+        dense=dense,
         config=config,
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
     )
+
+
+def read_prompts(path: Path) -> tuple[dict[str, str], str | None]:
+    """`prompts` and `default_prompt_name` from config_sentence_transformers.json, checked as
+    sentence-transformers checks them (a default must name one of the prompts)."""
+    where = path / "config_sentence_transformers.json"
+    st = _read_json(where)
+    prompts = st.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ModelError(f"'prompts' in {where} must map prompt names to prompt texts")
+    default = st.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ModelError(f"default_prompt_name {default!r} in {where} is not one of its prompts {sorted(prompts)}")
+    return prompts, default
 
 
 # What the HTTP process reads of a folder, in the order it reads them (the tokenizer last).
@@ -122,7 +167,8 @@ _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 def files_to_load(path: Path) -> list[Path]:
     """The files serving this folder reads, in the order they are read: the config files and the
     sentence-transformers modules' configs (HTTP process, first), the tokenizer, then the weights
-    (engine). Nothing else: no ONNX exports, no second copy of the weights, no README."""
+    (engine: the model's, then its modules', such as a Dense layer's). Nothing else: no ONNX
+    exports, no second copy of the weights, no README."""
     try:
         modules = _read_json(path / "modules.json", list_key="modules").get("modules", [])
     except ModelError:
@@ -131,7 +177,8 @@ def files_to_load(path: Path) -> list[Path]:
         path / str(m.get("path", "")) / "config.json" for m in modules if isinstance(m, dict) and m.get("path")
     ]
     named = [path / n for n in _CONFIG_FILES] + module_configs + [path / n for n in _TOKENIZER_FILES]
-    return [f for f in named if f.is_file()] + weight_files(path)
+    module_weights = [f.parent / n for f in module_configs for n in ("model.safetensors", "pytorch_model.bin")]
+    return [f for f in named if f.is_file()] + weight_files(path) + [f for f in module_weights if f.is_file()]
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -151,18 +198,40 @@ def weight_files(path: Path) -> list[Path]:
     return [legacy] if legacy.is_file() else []
 
 
-_NATIVE_ARCHITECTURES = {"BertModel", "BertForMaskedLM", "BertForPreTraining"}
+# model_type -> (architectures served as embedding models, as classifiers) by a native engine
+# family; engine.families.LOADERS has a loader for each.
+NATIVE_FAMILIES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    family: (frozenset({f"{name}Model", f"{name}ForMaskedLM", *extra}), frozenset({f"{name}ForSequenceClassification"}))
+    for family, name, extra in (
+        ("bert", "Bert", ["BertForPreTraining"]),
+        ("roberta", "Roberta", []),
+        ("xlm-roberta", "XLMRoberta", []),
+        ("mpnet", "MPNet", []),
+        ("modernbert", "ModernBert", []),
+    )
+}
+# config.json hidden_act (ModernBERT: hidden_activation, classifier_activation) values the native
+# families compute (engine.layers.ACTIVATIONS).
+NATIVE_ACTIVATIONS = frozenset({"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish"})
 
 
-def native_bert(path: Path, config: dict[str, Any], kind: Kind) -> bool:
-    """A plain BERT (absolute positions, exact GELU) in one safetensors file: no transformers needed."""
-    architecture = (config.get("architectures") or ["BertModel"])[0]
-    wanted = {"BertForSequenceClassification"} if kind != "embedding" else _NATIVE_ARCHITECTURES
+def native_model(path: Path, config: dict[str, Any], kind: Kind) -> bool:
+    """A model of a native family (absolute or plain rotary positions, known activations) in one
+    safetensors file: no transformers needed."""
+    family = NATIVE_FAMILIES.get(str(config.get("model_type")))
+    if family is None:
+        return False
+    embedders, classifiers = family
+    architecture = (config.get("architectures") or [None])[0]
+    wanted = classifiers if kind != "embedding" else {*embedders, None}
+    activations = {config.get(key, "gelu") for key in ("hidden_act", "hidden_activation", "classifier_activation")}
+    rope = config.get("rope_parameters") or {}  # flat, or one dict per layer type (ModernBERT)
     return (
-        config.get("model_type") == "bert"
-        and architecture in wanted
+        architecture in wanted
         and config.get("position_embedding_type", "absolute") == "absolute"
-        and config.get("hidden_act") == "gelu"
+        and activations <= NATIVE_ACTIVATIONS
+        and not config.get("rope_scaling")
+        and all(p.get("rope_type", "default") == "default" for p in [rope, *rope.values()] if isinstance(p, dict))
         and not config.get("is_decoder", False)
         and (path / "model.safetensors").is_file()
     )
@@ -175,32 +244,81 @@ def _kind(architecture: str, config: dict[str, Any]) -> Kind:
     return "embedding"
 
 
-def _pooling(path: Path, modules: list[dict[str, Any]]) -> tuple[PoolingMode, bool]:
-    """Sentence-transformers modules decide; a plain encoder gets mean pooling, as ST would give it."""
+def _modules(
+    path: Path, modules: list[dict[str, Any]], hidden: int
+) -> tuple[PoolingMode, bool, tuple[DenseLayer, ...]]:
+    """Sentence-transformers modules decide pooling, Dense layers and normalisation; a plain encoder
+    gets mean pooling, as ST would give it."""
     pooling: PoolingMode = "mean"
-    normalize = False
+    normalize = pooled = False
+    dense: list[DenseLayer] = []
     for module in modules:
         kind = str(module.get("type", ""))
+        folder = path / module.get("path", "")
         if kind.endswith("Pooling"):
-            conf = _read_json(path / module.get("path", "") / "config.json")
-            modes = [mode for key, mode in _POOLING_KEYS.items() if conf.get(key)]
-            if conf.get("pooling_mode") in _POOLING_KEYS.values():
-                modes = [conf["pooling_mode"]]
-            if len(modes) > 1:
-                raise ModelError(f"combined pooling modes {modes} are not supported")
-            pooling = modes[0] if modes else "mean"
+            pooling, pooled = _pooling_mode(_read_json(folder / "config.json")), True
+        elif kind.endswith("Dense"):
+            if not pooled or normalize:  # on token embeddings, or on normalised vectors: not served
+                raise ModelError(f"sentence-transformers module {kind} is only supported between Pooling and Normalize")
+            dense.append(_dense(folder, dense[-1].out_features if dense else hidden))
         elif kind.endswith("Normalize"):
             normalize = True
         elif kind and not kind.endswith("Transformer"):
             raise ModelError(f"sentence-transformers module {kind} is not supported")
-    return pooling, normalize
+    return pooling, normalize, tuple(dense)
+
+
+def _pooling_mode(conf: dict[str, Any]) -> PoolingMode:
+    """One mode, from the boolean flags or the newer `pooling_mode` (a name, or a list of them)."""
+    modes = [mode for key, mode in _POOLING_KEYS.items() if conf.get(key)]
+    named = conf.get("pooling_mode")
+    if named is not None:
+        modes = named if isinstance(named, list) else [named]
+    if len(modes) > 1:
+        raise ModelError(f"combined pooling modes {modes} are not supported")
+    if modes and modes[0] not in _POOLING_KEYS.values():
+        raise ModelError(f"pooling mode {modes[0]!r} is not supported")
+    return modes[0] if modes else "mean"
+
+
+def _dense(folder: Path, fan_in: int) -> DenseLayer:
+    """A Dense module's config.json, checked: it must take the vectors before it, and its
+    activation must be a torch.nn class the engine computes."""
+    where = folder / "config.json"
+    conf = _read_json(where)
+    name = conf.get("activation_function", "torch.nn.modules.activation.Tanh")  # Dense's default
+    if name not in DENSE_ACTIVATIONS:
+        raise ModelError(f"Dense activation_function {name!r} in {where} is not supported")
+    for key in ("module_input_name", "module_output_name"):
+        if conf.get(key, "sentence_embedding") != "sentence_embedding":
+            raise ModelError(f"Dense {key} {conf[key]!r} in {where} is not supported")
+    layer = DenseLayer(
+        path=folder,
+        in_features=int(conf["in_features"]),
+        out_features=int(conf["out_features"]),
+        bias=bool(conf.get("bias", True)),
+        activation=DENSE_ACTIVATIONS[name],
+        residual=bool(conf.get("use_residual", False)),
+    )
+    if (fan_in and layer.in_features != fan_in) or layer.out_features < 1:
+        raise ModelError(f"Dense in {where} maps {layer.in_features} to {layer.out_features} features, after {fan_in}")
+    return layer
 
 
 def _max_len(path: Path, config: dict[str, Any], st_config: dict[str, Any]) -> int:
     if st_config.get("max_seq_length"):
         return int(st_config["max_seq_length"])
-    candidates = [int(config.get("max_position_embeddings") or 512)]
+    candidates = [int(config.get("max_position_embeddings") or 512) - _position_offset(config)]
     tok_max = _read_json(path / "tokenizer_config.json").get("model_max_length")
     if isinstance(tok_max, int | float) and 0 < tok_max < 1_000_000:
         candidates.append(int(tok_max))
     return min(candidates)
+
+
+def _position_offset(config: dict[str, Any]) -> int:
+    """Position embeddings RoBERTa-style models never use: their positions start after the padding
+    index (514 rows take 512 tokens)."""
+    if config.get("model_type") in ("roberta", "xlm-roberta"):
+        pad = config.get("pad_token_id")
+        return (1 if pad is None else int(pad)) + 1
+    return 2 if config.get("model_type") == "mpnet" else 0

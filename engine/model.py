@@ -10,13 +10,15 @@ import torch
 
 from common.modelfolder import ModelError, ModelFolder
 from common.wire import Tokens
-from engine import bert
+from engine import dense, families
 from engine.device import Placement
+from engine.packed import Packed
 from engine.pooling import pool, pool_packed
 
 
 class PoolingModel:
-    """BERT-family models run on engine.bert; anything else on transformers."""
+    """Models of a native family run on its engine module (engine.families); anything else on
+    transformers. sentence-transformers' Dense modules follow the pooling on either."""
 
     def __init__(self, info: ModelFolder, threads: int, placement: Placement | None = None) -> None:
         torch.set_num_threads(threads)
@@ -28,9 +30,10 @@ class PoolingModel:
         self.uses_types = bool(config.get("type_vocab_size"))
         labels = None if info.kind == "embedding" else len(info.id2label)
         if info.native:
-            self.model = bert.load(info.path, config, labels, device, dtype)
+            self.model = families.load(info.path, config, labels, device, dtype)
         else:
             self.model = _transformers_model(info, device, dtype)
+        self.dense = dense.load(info.dense, device, dtype) if info.kind == "embedding" else None
 
     @property
     def packed(self) -> bool:
@@ -41,12 +44,32 @@ class PoolingModel:
     def forward(self, items: list[Tokens]) -> np.ndarray:
         """One forward pass; rows in the order of items, float32."""
         if self.info.native:
-            packed = bert.Packed.of(items).to(self.placement.device)
+            packed = Packed.of(items).to(self.placement.device)
             out = self.model(packed)
             if self.info.kind != "embedding":
                 return out.float().cpu().numpy()  # type: ignore[no-any-return]
-            return pool_packed(out, packed, self.info.pooling).float().cpu().numpy()
+            return self._project(pool_packed(out, packed, self.info.pooling))
         return self._forward_padded(items)
+
+    @torch.inference_mode()
+    def forward_tokens(self, items: list[Tokens]) -> list[np.ndarray]:
+        """Each input's last hidden state, one row per token (embedding models), as float32."""
+        if self.info.native:
+            packed = Packed.of(items).to(self.placement.device)
+            hidden = self.model(packed).float().cpu().numpy()
+            return [hidden[start : start + n] for start, n in packed.spans]
+        rows = []
+        for item in items:  # one at a time: no padding to strip, and rare enough not to batch
+            ids = torch.tensor([item.input_ids], dtype=torch.long, device=self.placement.device)
+            types = {} if not self.uses_types else {"token_type_ids": torch.zeros_like(ids)}
+            rows.append(self.model(input_ids=ids, **types).last_hidden_state[0].float().cpu().numpy())
+        return rows
+
+    def _project(self, pooled: torch.Tensor) -> np.ndarray:
+        """The pooled vectors through the Dense modules, if any, as float32 on the host."""
+        if self.dense is not None:
+            pooled = self.dense(pooled)
+        return pooled.float().cpu().numpy()  # type: ignore[no-any-return]
 
     def _forward_padded(self, items: list[Tokens]) -> np.ndarray:
         longest = max(len(item.input_ids) for item in items)
@@ -66,7 +89,7 @@ class PoolingModel:
         out = self.model(**inputs)
         if self.info.kind != "embedding":
             return out.logits.float().cpu().numpy()  # type: ignore[no-any-return]
-        return pool(out.last_hidden_state, inputs["attention_mask"], self.info.pooling).float().cpu().numpy()
+        return self._project(pool(out.last_hidden_state, inputs["attention_mask"], self.info.pooling))
 
     def warm_up(self) -> tuple[float, float]:
         """Pay first-call costs before readiness flips; return the per-call overhead in tokens and

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from common.modelfolder import PoolingMode
-from engine.bert import Packed
+from engine.packed import Packed
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: PoolingMode) -> torch.Tensor:
@@ -18,8 +18,12 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: PoolingMode) -> torch.T
     expanded = mask.unsqueeze(-1).to(hidden.dtype)
     if mode == "max":
         return hidden.masked_fill(expanded == 0, -1e9).max(dim=1).values
+    if mode == "weightedmean":  # the i-th token (from 1) weighs i; in float32, where half precision would overflow
+        weights = mask.unsqueeze(-1) * torch.arange(1, hidden.shape[1] + 1, device=hidden.device)[:, None]
+        return ((hidden.float() * weights).sum(dim=1) / weights.sum(dim=1)).to(hidden.dtype)
     summed = (hidden * expanded).sum(dim=1)
-    return summed / expanded.sum(dim=1).clamp(min=1e-9)
+    count = expanded.sum(dim=1).clamp(min=1e-9)
+    return summed / (count.sqrt() if mode == "mean_sqrt_len_tokens" else count)
 
 
 def pool_packed(x: torch.Tensor, p: Packed, mode: PoolingMode) -> torch.Tensor:
@@ -30,5 +34,11 @@ def pool_packed(x: torch.Tensor, p: Packed, mode: PoolingMode) -> torch.Tensor:
         return x[p.starts + p.lengths - 1]
     if mode == "max":
         return p.grid(x, fill=-1e9).max(dim=1).values
+    if mode == "weightedmean":  # the i-th token (from 1) weighs i, n(n+1)/2 in all; in float32, as above
+        n = p.lengths[:, None].float()
+        weighted = x.float() * (p.positions + 1)[:, None]
+        sums = weighted.new_zeros((p.batch, x.shape[-1])).index_add_(0, p.seq, weighted)
+        return (sums / (n * (n + 1) / 2)).to(x.dtype)
+    lengths = p.lengths[:, None].to(x.dtype)
     sums = x.new_zeros((p.batch, x.shape[-1])).index_add_(0, p.seq, x)
-    return sums / p.lengths[:, None].to(x.dtype).clamp(min=1e-9)
+    return sums / (lengths.sqrt() if mode == "mean_sqrt_len_tokens" else lengths.clamp(min=1e-9))

@@ -24,7 +24,7 @@ TRANSFORMERS = "engine.transformers_preload"
 
 def preload_for(model_path: Path) -> list[str]:
     """What the forkserver imports ahead of the engine: torch and the engine for models served
-    natively (engine.bert), plus transformers and the architecture's module for the rest."""
+    natively (engine.families), plus transformers and the architecture's module for the rest."""
     try:
         info = read_model_folder(model_path)
     except ModelError:

@@ -1,8 +1,10 @@
-"""Tiny random-weight sequence-classification models, saved like a real model folder."""
+"""Tiny random-weight models, saved like real model folders (plain Hugging Face or sentence-transformers)."""
 
 from __future__ import annotations
 
 import shutil
+import string
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +49,192 @@ def save_with_tokenizer(model: Any, dest: Path, tokenizer_from: Path) -> Path:
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_from / name, dest / name)
     return dest
+
+
+# Tiny models of every native family (and one the transformers fallback serves), each with the
+# tokenizer class its real models use, saved as plain Hugging Face or sentence-transformers folders.
+
+MAX_TOKENS = 64  # the tiny models' longest input: a longer text is cut here
+# Wide enough weights that a wrong position, head or bias moves the outputs far past 1e-5.
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "initializer_range": 0.2}
+# Unicode the XLM-R tokenizer knows (accents, Cyrillic, CJK, one emoji); anything else is <unk>.
+ALPHABET = (
+    string.ascii_letters
+    + string.digits
+    + string.punctuation
+    + "éèêçàâüöäñßïøå"
+    + "абвгдежзийклмнопрстуфхцчшщыьэюя"
+    + "日本語中文字"
+    + "🙂"
+)
+WORDS = ("the", "warm", "pool", "model", "engine", "text", "Hello", "world")
+
+
+@dataclass(frozen=True)
+class Tiny:
+    """One tiny model folder: its family, its head, and the sentence-transformers modules after it."""
+
+    family: str  # model_type
+    labels: int = 0  # a sequence classifier with this many labels (a plain HF folder); 0: an encoder
+    pooling: str = "mean"
+    dense: tuple[tuple[int, str, bool, bool], ...] = ()  # Dense modules: out_features, activation, bias, residual
+    normalize: bool = False
+    safetensors: bool = True  # the Dense weights as model.safetensors, else as pytorch_model.bin
+    config: dict[str, Any] = field(default_factory=dict)  # config values beyond the family's
+
+
+TINY: dict[str, Tiny] = {
+    "xlm-roberta": Tiny("xlm-roberta", pooling="cls", dense=((16, "Tanh", True, False),), normalize=True),
+    "roberta": Tiny("roberta", pooling="mean_sqrt_len_tokens"),
+    "mpnet": Tiny("mpnet", dense=((24, "GELU", True, True),), normalize=True),
+    "bert": Tiny(
+        "bert",
+        pooling="weightedmean",
+        dense=((24, "ReLU", False, False), (24, "Identity", True, True)),
+        normalize=True,
+        safetensors=False,
+    ),
+    "distilbert": Tiny("distilbert", pooling="max", dense=((16, "Tanh", True, False),)),
+    "xlm-roberta-reranker": Tiny("xlm-roberta", labels=1),
+    "mpnet-classifier": Tiny("mpnet", labels=3),
+    "modernbert": Tiny("modernbert", dense=((20, "SiLU", True, False),), normalize=True),
+    # biases everywhere (real ones have none) and mean pooling before the head
+    "modernbert-reranker": Tiny(
+        "modernbert",
+        labels=1,
+        config={"attention_bias": True, "mlp_bias": True, "norm_bias": True, "classifier_pooling": "mean"},
+    ),
+}
+
+# model_type -> transformers' class name stem and the config keys it differs in
+_CLASSES = {
+    "xlm-roberta": ("XLMRoberta", {"type_vocab_size": 1, "intermediate_size": 64}),
+    "roberta": ("Roberta", {"type_vocab_size": 1, "intermediate_size": 64}),
+    "mpnet": ("MPNet", {"intermediate_size": 64}),
+    "bert": ("Bert", {"intermediate_size": 64}),
+    # 4 layers: global attention in the first and the last; a local window of 8 each way (16 in all);
+    # the special tokens of the BERT vocabulary it is given
+    "modernbert": (
+        "ModernBert",
+        {
+            "intermediate_size": 48,
+            "num_hidden_layers": 4,
+            "global_attn_every_n_layers": 3,
+            "local_attention": 16,
+            **{f"{name}_token_id": 101 for name in ("cls", "bos")},
+            **{f"{name}_token_id": 102 for name in ("sep", "eos")},
+        },
+    ),
+}
+
+
+def build_tiny(dest: Path, name: str, model_dir: Path) -> Path:
+    """TINY[name] at `dest`: random weights from a fixed seed, the embedded model's vocabulary where
+    the family's tokenizer is WordPiece."""
+    import torch
+
+    spec = TINY[name]
+    seed = sorted(TINY).index(name)
+    torch.manual_seed(seed)
+    if spec.family == "distilbert":
+        encoder = build_distilbert(dest.with_name(f"{name}-hf"), model_dir)
+    else:
+        encoder = _build_hf(dest if spec.labels else dest.with_name(f"{name}-hf"), spec, model_dir, seed)
+    if spec.labels:
+        return encoder
+    return _build_sentence_transformer(dest, encoder, spec)
+
+
+def _tokenizer(family: str, model_dir: Path) -> Any:
+    if family in ("xlm-roberta", "roberta"):
+        return xlm_roberta_tokenizer()
+    if family == "mpnet":
+        return mpnet_tokenizer(model_dir)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir, model_max_length=MAX_TOKENS)
+
+
+def _build_hf(dest: Path, spec: Tiny, model_dir: Path, seed: int) -> Path:
+    """A plain Hugging Face folder (weights, config, tokenizer): the base encoder, or its sequence
+    classifier."""
+    import transformers
+
+    stem, extra = _CLASSES[spec.family]
+    tokenizer = _tokenizer(spec.family, model_dir)
+    config = getattr(transformers, f"{stem}Config")(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        max_position_embeddings=MAX_TOKENS + tokenizer.pad_token_id + 1,  # RoBERTa's positions start past it
+        **({"num_labels": spec.labels} if spec.labels else {}),
+        **{**SMALL, **extra, **spec.config},
+    )
+    model = getattr(transformers, stem + ("ForSequenceClassification" if spec.labels else "Model"))(config)
+    jitter(model, seed).eval().save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    return dest
+
+
+def _build_sentence_transformer(dest: Path, encoder: Path, spec: Tiny) -> Path:
+    """`encoder` under sentence-transformers' modules: Transformer, Pooling, the Dense modules, Normalize."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    transformer = Transformer(str(encoder), max_seq_length=MAX_TOKENS)
+    width = transformer.get_embedding_dimension()
+    modules: list[Any] = [transformer, Pooling(width, pooling_mode=spec.pooling)]
+    for out, activation, bias, residual in spec.dense:
+        act = getattr(torch.nn, activation)()
+        modules.append(Dense(width, out, bias=bias, activation_function=act, use_residual=residual))
+        width = out
+    if spec.normalize:
+        modules.append(Normalize())
+    SentenceTransformer(modules=modules, device="cpu").save(str(dest), safe_serialization=spec.safetensors)
+    return dest
+
+
+def xlm_roberta_tokenizer() -> Any:
+    """A sentencepiece-style Unigram tokenizer from a fixed vocabulary (no training: the same ids every
+    time), in XLM-R's layout: <s>=0, <pad>=1, </s>=2, <unk>=3 ... <mask> last."""
+    from transformers import XLMRobertaTokenizer
+
+    pieces = [*(f"▁{w}" for w in WORDS), "▁", *(f"▁{c}" for c in ALPHABET), *ALPHABET]
+    vocab = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    vocab += [(piece, -1.0 - 0.01 * i) for i, piece in enumerate(pieces)] + [("<mask>", 0.0)]
+    return XLMRobertaTokenizer(vocab=vocab, model_max_length=MAX_TOKENS)
+
+
+def mpnet_tokenizer(vocab_from: Path) -> Any:
+    """MPNet's WordPiece tokenizer on the embedded model's BERT vocabulary, MPNet's special tokens
+    first (<s>=0, <pad>=1, </s>=2, <unk>=3) as in all-mpnet-base-v2."""
+    from transformers import MPNetTokenizer
+
+    words = (vocab_from / "vocab.txt").read_text().splitlines()
+    tokens = ["<s>", "<pad>", "</s>", "<unk>", *words, "<mask>"]
+    return MPNetTokenizer(vocab={t: i for i, t in enumerate(tokens)}, model_max_length=MAX_TOKENS)
+
+
+def jitter(model: Any, seed: int) -> Any:
+    """Random values in every parameter, LayerNorm scales and biases included (init leaves those at
+    1 and 0, where a swapped or dropped one would go unnoticed)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * 0.05)
+    return model
+
+
+class TinyFolders:
+    """TINY's folders under `root`, each built the first time it is asked for."""
+
+    def __init__(self, root: Path, model_dir: Path) -> None:
+        self.root, self.model_dir = root, model_dir
+        self._built: dict[str, Path] = {}
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in self._built:
+            self._built[name] = build_tiny(self.root / name, name, self.model_dir)
+        return self._built[name]

@@ -3,6 +3,7 @@
 - the HTTP process (orchestrator, server) never imports torch or transformers;
 - an engine module loads nothing of the HTTP side: no web stack, no tokenizers, no metrics
   client, nothing under `orchestrator` or `server`.
+- a model of a native family loads and runs without transformers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 import engine
 from tests.server_process import ROOT
+from tests.tiny_models import TINY, TinyFolders
 
 HTTP_SIDE = ("fastapi", "starlette", "uvicorn", "tokenizers", "prometheus_client", "orchestrator", "server")
 ENGINE_MODULES = sorted(f"engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__))
@@ -47,6 +49,24 @@ def test_engine_modules_load_nothing_of_the_http_side() -> None:
     loaded = loaded_packages("\n".join(f"import {m}" for m in modules))
     assert {"engine", "torch"} <= loaded and len(modules) >= 7
     assert set(HTTP_SIDE) & loaded == set()
+
+
+def test_native_families_load_and_run_without_transformers(tiny: TinyFolders) -> None:
+    """Loading and running a model of every native family (encoders with their Dense modules, and
+    classifiers) in a fresh interpreter imports neither transformers nor anything of the HTTP side."""
+    folders = [str(tiny[name]) for name in TINY if TINY[name].family != "distilbert"]
+    loaded = loaded_packages(
+        "from pathlib import Path\n"
+        "from common.modelfolder import read_model_folder\n"
+        "from common.wire import Tokens\n"
+        "from engine.model import PoolingModel\n"
+        f"for folder in {folders!r}:\n"
+        "    info = read_model_folder(Path(folder))\n"
+        "    assert info.native, folder\n"
+        "    assert PoolingModel(info, threads=1).forward([Tokens([0, 5, 2])]).shape[0] == 1\n"
+    )
+    assert "torch" in loaded  # the check sees what was imported
+    assert {"transformers", "sentence_transformers", *HTTP_SIDE} & loaded == set()
 
 
 @pytest.mark.parametrize("module", sorted(ALLOWED))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common.modelfolder import ModelError, read_model_folder
+from common.modelfolder import DenseLayer, ModelError, files_to_load, read_model_folder
 
 BERT_CONFIG: dict[str, Any] = {
     "architectures": ["BertModel"],
@@ -206,9 +206,9 @@ def test_a_plain_bert_without_safetensors_weights_is_not_native(tmp_path: Path) 
     assert read_model_folder(make_folder(tmp_path, weights=False)).native is False
 
 
-def test_a_non_bert_model_with_safetensors_weights_is_not_native(tmp_path: Path) -> None:
-    """Only BERT is native: another model_type needs transformers whatever its weights' format."""
-    config = {**BERT_CONFIG, "model_type": "roberta", "architectures": ["RobertaModel"]}
+def test_a_model_of_no_native_family_with_safetensors_weights_is_not_native(tmp_path: Path) -> None:
+    """A model_type no native family covers needs transformers whatever its weights' format."""
+    config = {**BERT_CONFIG, "model_type": "distilbert", "architectures": ["DistilBertModel"]}
     assert read_model_folder(make_folder(tmp_path, config, weights=True)).native is False
 
 
@@ -315,7 +315,144 @@ def test_combined_pooling_modes_are_a_model_error_naming_them(tmp_path: Path) ->
 
 
 def test_an_unsupported_sentence_transformers_module_is_a_model_error_naming_it(tmp_path: Path) -> None:
-    """A Dense layer after pooling changes the vectors; refusing beats serving wrong ones."""
-    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING, DENSE], pooling=MEAN_POOLING)
-    with pytest.raises(ModelError, match=r"sentence_transformers\.models\.Dense is not supported"):
+    """A LayerNorm module after pooling changes the vectors; refusing beats serving wrong ones."""
+    layer_norm = {**DENSE, "path": "2_LayerNorm", "type": "sentence_transformers.models.LayerNorm"}
+    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING, layer_norm], pooling=MEAN_POOLING)
+    with pytest.raises(ModelError, match=r"sentence_transformers\.models\.LayerNorm is not supported"):
         read_model_folder(folder)
+
+
+# Dense modules, pooling mode names, and the native families
+
+
+DENSE_CONFIG = {
+    "in_features": 32,
+    "out_features": 16,
+    "bias": False,
+    "activation_function": "torch.nn.modules.activation.Tanh",
+    "module_input_name": "sentence_embedding",
+    "module_output_name": "sentence_embedding",
+}
+
+
+def dense_folder(tmp_path: Path, modules: list[Any], **changes: Any) -> Path:
+    """A folder whose modules include a Dense module configured by DENSE_CONFIG plus `changes`."""
+    folder = make_folder(tmp_path, modules=modules, pooling=MEAN_POOLING)
+    write_json(folder / "2_Dense" / "config.json", {**DENSE_CONFIG, **changes})
+    return folder
+
+
+def test_a_dense_module_after_pooling_is_read_and_sets_the_dimensions(tmp_path: Path) -> None:
+    """Dense's features, bias and activation are read; the vectors are its out_features long."""
+    folder = dense_folder(tmp_path, [TRANSFORMER, POOLING, DENSE, {**NORMALIZE, "idx": 3}])
+    info = read_model_folder(folder)
+    assert info.dense == (DenseLayer(folder / "2_Dense", 32, 16, bias=False, activation="Tanh"),)
+    assert (info.dimensions, info.normalize) == (16, True)
+
+
+def test_a_dense_module_without_an_activation_gets_tanh_as_sentence_transformers_does(tmp_path: Path) -> None:
+    """Dense's default activation_function is Tanh; use_residual is read too."""
+    config = {k: v for k, v in DENSE_CONFIG.items() if k != "activation_function"}
+    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING, DENSE], pooling=MEAN_POOLING)
+    write_json(folder / "2_Dense" / "config.json", {**config, "use_residual": True})
+    (layer,) = read_model_folder(folder).dense
+    assert (layer.activation, layer.residual) == ("Tanh", True)
+
+
+@pytest.mark.parametrize(
+    ("modules", "changes", "message"),
+    [
+        ([TRANSFORMER, POOLING, DENSE], {"activation_function": "my_package.Swoosh"}, "my_package.Swoosh"),
+        ([TRANSFORMER, POOLING, DENSE], {"module_input_name": "token_embeddings"}, "token_embeddings"),
+        ([TRANSFORMER, POOLING, DENSE], {"in_features": 48}, "48"),
+        ([TRANSFORMER, DENSE, POOLING], {}, "between Pooling and Normalize"),
+        ([TRANSFORMER, POOLING, NORMALIZE, DENSE], {}, "between Pooling and Normalize"),
+    ],
+    ids=["unknown-activation", "on-token-embeddings", "wrong-in-features", "before-pooling", "after-normalize"],
+)
+def test_a_dense_module_that_cannot_be_served_is_a_model_error_naming_why(
+    tmp_path: Path, modules: list[Any], changes: dict[str, Any], message: str
+) -> None:
+    """Dense modules the engine would compute wrongly are refused, the message naming the cause."""
+    with pytest.raises(ModelError, match=message):
+        read_model_folder(dense_folder(tmp_path, modules, **changes))
+
+
+def test_dense_weights_are_read_after_the_models_weights(tmp_path: Path) -> None:
+    """files_to_load lists a module's weights (safetensors or pytorch_model.bin) after the model's."""
+    folder = dense_folder(tmp_path, [TRANSFORMER, POOLING, DENSE])
+    (folder / "model.safetensors").write_bytes(b"")
+    (folder / "2_Dense" / "pytorch_model.bin").write_bytes(b"")
+    files = [p.relative_to(folder).as_posix() for p in files_to_load(folder)]
+    assert files[-2:] == ["model.safetensors", "2_Dense/pytorch_model.bin"]
+
+
+@pytest.mark.parametrize(
+    ("pooling", "expected"),
+    [({"pooling_mode": ["cls"]}, "cls"), ({"pooling_mode_weightedmean_tokens": True}, "weightedmean")],
+    ids=["list-of-one", "weightedmean-flag"],
+)
+def test_pooling_modes_in_newer_and_older_spellings(tmp_path: Path, pooling: dict[str, Any], expected: str) -> None:
+    """A one-element pooling_mode list names that mode; the weightedmean flag names weightedmean."""
+    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING], pooling=pooling)
+    assert read_model_folder(folder).pooling == expected
+
+
+@pytest.mark.parametrize(
+    "pooling", [{"pooling_mode": ["cls", "mean"]}, {"pooling_mode": "median"}], ids=["two", "unknown"]
+)
+def test_a_pooling_mode_list_of_two_or_an_unknown_mode_is_a_model_error(
+    tmp_path: Path, pooling: dict[str, Any]
+) -> None:
+    """Concatenated or unknown pooling modes are refused rather than served as mean pooling."""
+    with pytest.raises(ModelError, match="pooling mode"):
+        read_model_folder(make_folder(tmp_path, modules=[TRANSFORMER, POOLING], pooling=pooling))
+
+
+@pytest.mark.parametrize(
+    ("model_type", "architecture"),
+    [
+        ("xlm-roberta", "XLMRobertaModel"),
+        ("xlm-roberta", "XLMRobertaForSequenceClassification"),
+        ("roberta", "RobertaForMaskedLM"),
+        ("mpnet", "MPNetModel"),
+        ("mpnet", "MPNetForSequenceClassification"),
+        ("modernbert", "ModernBertModel"),
+        ("modernbert", "ModernBertForSequenceClassification"),
+    ],
+)
+def test_models_of_the_native_families_are_native(tmp_path: Path, model_type: str, architecture: str) -> None:
+    """RoBERTa, XLM-RoBERTa, MPNet and ModernBERT encoders and sequence classifiers are served without
+    transformers."""
+    config = {**BERT_CONFIG, "model_type": model_type, "architectures": [architecture], "num_labels": 1}
+    assert read_model_folder(make_folder(tmp_path, config, weights=True)).native is True
+
+
+MODERNBERT = {"model_type": "modernbert", "architectures": ["ModernBertModel"]}
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"hidden_act": "quick_gelu"},
+        {"position_embedding_type": "relative_key"},
+        {"architectures": ["BertLMHeadModel"]},
+        {**MODERNBERT, "hidden_activation": "quick_gelu"},
+        {**MODERNBERT, "rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0}}},
+        {**MODERNBERT, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    ],
+    ids=["activation", "relative-positions", "architecture", "modernbert-activation", "yarn", "rope-scaling"],
+)
+def test_a_native_family_model_the_engine_does_not_compute_is_not_native(
+    tmp_path: Path, changes: dict[str, Any]
+) -> None:
+    """An activation, a position scheme, a rotary scaling or a task model the native code lacks goes to
+    transformers."""
+    assert read_model_folder(make_folder(tmp_path, {**BERT_CONFIG, **changes}, weights=True)).native is False
+
+
+@pytest.mark.parametrize("model_type", ["xlm-roberta", "roberta", "mpnet"])
+def test_positions_after_the_padding_index_leave_two_rows_unused(tmp_path: Path, model_type: str) -> None:
+    """RoBERTa-style positions start at padding index + 1: 514 position rows take 512 tokens."""
+    config = {**BERT_CONFIG, "model_type": model_type, "max_position_embeddings": 514, "pad_token_id": 1}
+    assert read_model_folder(make_folder(tmp_path, config)).max_model_len == 512

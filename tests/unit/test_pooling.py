@@ -21,17 +21,19 @@ from tokenizers import Tokenizer
 
 from common.modelfolder import PoolingMode, read_model_folder
 from common.wire import Tokens
-from engine.bert import Packed
 from engine.model import PoolingModel
+from engine.packed import Packed
 from engine.pooling import pool, pool_packed
 from server.outputs import normalize
 
-MODES: tuple[PoolingMode, ...] = ("mean", "cls", "max", "lasttoken")
+MODES: tuple[PoolingMode, ...] = ("mean", "cls", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens")
 POOLING_KEYS: dict[PoolingMode, str] = {
     "mean": "pooling_mode_mean_tokens",
     "cls": "pooling_mode_cls_token",
     "max": "pooling_mode_max_tokens",
     "lasttoken": "pooling_mode_lasttoken",
+    "weightedmean": "pooling_mode_weightedmean_tokens",
+    "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
 }
 LENGTHS = [1, 7, 3, 12, 1, 5]  # varied, with length 1 (first and last token are the same) twice
 DIM = 16

@@ -1,0 +1,65 @@
+"""sentence-transformers' Dense modules, after pooling: activation(linear(x)), plus x with use_residual."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from common.modelfolder import DenseLayer, ModelError
+from engine.layers import no_init
+
+# common.modelfolder.DENSE_ACTIVATIONS names -> what the torch.nn class computes
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "Identity": lambda x: x,
+    "Tanh": torch.tanh,
+    "ReLU": F.relu,
+    "GELU": F.gelu,
+    "Sigmoid": torch.sigmoid,
+    "SiLU": F.silu,
+}
+
+
+class Dense(nn.Module):
+    def __init__(self, layer: DenseLayer) -> None:
+        super().__init__()
+        self.linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
+        self.act = ACTIVATIONS[layer.activation]
+        self.use_residual = layer.residual
+        self.residual: nn.Linear | None = None
+        if layer.residual and layer.in_features != layer.out_features:
+            self.residual = nn.Linear(layer.in_features, layer.out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.act(self.linear(x))
+        if self.use_residual:
+            out = out + (x if self.residual is None else self.residual(x))
+        return out
+
+
+def load(layers: tuple[DenseLayer, ...], device: torch.device, dtype: torch.dtype) -> nn.Module | None:
+    """The folder's Dense modules, in order, as one module on `device` in `dtype`; None without any."""
+    if not layers:
+        return None
+    modules = []
+    for layer in layers:
+        with no_init():
+            module = Dense(layer)
+        try:
+            module.load_state_dict(_weights(layer.path, device), assign=True)
+        except Exception as exc:  # a missing or truncated file, or weights of the wrong shape
+            raise ModelError(f"cannot load the Dense module in {layer.path}: {type(exc).__name__}: {exc}") from exc
+        modules.append(module)
+    return nn.Sequential(*modules).to(dtype).eval()
+
+
+def _weights(folder: Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """model.safetensors, else pytorch_model.bin read with weights_only (tensors, never code)."""
+    if (folder / "model.safetensors").is_file():
+        return load_file(str(folder / "model.safetensors"), device=str(device))
+    state: dict[str, torch.Tensor] = torch.load(folder / "pytorch_model.bin", map_location=device, weights_only=True)
+    return state

@@ -1,0 +1,78 @@
+"""A packed batch: every input's tokens one after another, no padding, and where each input lies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from common.wire import Tokens
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Every token of every input, one after another, and which input each belongs to."""
+
+    ids: torch.Tensor  # [T]
+    types: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]: the token's index within its input, from 0
+    seq: torch.Tensor  # [T]: which input the token belongs to
+    starts: torch.Tensor  # [B]
+    lengths: torch.Tensor  # [B]
+    spans: list[tuple[int, int]]  # (start, length) of each input, as Python ints
+
+    @property
+    def batch(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @staticmethod
+    def of(inputs: list[Tokens]) -> Packed:
+        lengths = torch.tensor([len(item.input_ids) for item in inputs], dtype=torch.long)
+        starts = torch.cumsum(lengths, 0) - lengths
+        seq = torch.repeat_interleave(torch.arange(len(inputs)), lengths)
+        positions = torch.arange(int(lengths.sum())) - starts[seq]
+        types = [t.token_type_ids if t.token_type_ids is not None else [0] * len(t.input_ids) for t in inputs]
+        return Packed(
+            ids=torch.tensor([i for item in inputs for i in item.input_ids], dtype=torch.long),
+            types=torch.tensor([t for row in types for t in row], dtype=torch.long),
+            positions=positions,
+            seq=seq,
+            starts=starts,
+            lengths=lengths,
+            spans=list(zip(starts.tolist(), lengths.tolist(), strict=True)),
+        )
+
+    def to(self, device: torch.device) -> Packed:
+        """The index tensors on `device`; from pinned memory, asynchronously, when that is a GPU."""
+        if device.type == "cpu":
+            return self
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.pin_memory().to(device, non_blocking=True)
+
+        return Packed(
+            ids=move(self.ids),
+            types=move(self.types),
+            positions=move(self.positions),
+            seq=move(self.seq),
+            starts=move(self.starts),
+            lengths=move(self.lengths),
+            spans=self.spans,
+        )
+
+    def grid(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """[T, H] -> [B, longest, H], padding cells set to `fill` (max pooling needs the grid)."""
+        longest = int(self.lengths.max())
+        out = x.new_full((self.batch * longest, x.shape[-1]), fill)
+        out[self.seq * longest + self.positions] = x
+        return out.view(self.batch, longest, x.shape[-1])
+
+
+def offset_positions(p: Packed, padding_idx: int) -> torch.Tensor:
+    """RoBERTa's (and MPNet's) position ids on the packed layout: counting from padding_idx + 1 within
+    each input, skipping tokens equal to the padding id, which themselves get padding_idx (what
+    transformers' create_position_ids_from_input_ids gives; a literal "<pad>" in a text is one)."""
+    real = p.ids != padding_idx
+    counted = torch.cumsum(real, 0)
+    before = counted[p.starts] - real[p.starts].long()  # real tokens of the inputs before this one
+    return (counted - before[p.seq]) * real + padding_idx
