@@ -4,7 +4,8 @@ Messages are `(kind, body)` tuples pickled with plain pickle:
 - to the engine: SUBMIT `[(key, Tokens), ...]`, CANCEL `[key, ...]`, STOP `None`;
 - from the engine while starting: LOADED `{detail}`, READY `{detail}`, or FAILED
   `("one-line reason", traceback or None)`; then, per group of inputs run, RESULT
-  `([key, ...], float32 array [n, dims], batch stats dict)` or ERROR `([key, ...], "reason")`, and
+  `([key, ...], float32 array [n, dims], batch stats dict)` (for `per_token` inputs, a list of
+  float32 arrays [tokens, hidden], one per key) or ERROR `([key, ...], "reason")`, and
   CANCELLED `None` once it has dropped the inputs of a CANCEL.
 """
 
@@ -35,6 +36,7 @@ class Tokens(NamedTuple):
 
     input_ids: list[int]
     token_type_ids: list[int] | None = None
+    per_token: bool = False  # answer every token's vector (TEI's /embed_all), not the pooled one
 
 
 Keyed = tuple[int, Tokens]  # an input on the wire: the client's key for it, and its tokens

@@ -16,7 +16,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from common.modelfolder import ModelError, read_model_folder, weight_files
-from common.wire import EngineSpec, Keyed, Msg, send
+from common.wire import EngineSpec, Keyed, Msg, Tokens, send
 from engine.batching import split_by_length, split_by_tokens, take_batch
 from engine.device import memory_detail, place
 from engine.model import PoolingModel
@@ -120,7 +120,7 @@ def _run_batch(conn: Connection, model: PoolingModel, batch: list[Keyed], overhe
         share.working()
         t0 = time.perf_counter()
         try:
-            vectors = model.forward([tokens for _, tokens in group])
+            vectors = _forward(model, [tokens for _, tokens in group])
         except Exception as exc:  # a bad batch fails its requests, not the engine
             send(conn, (Msg.ERROR, ([key for key, _ in group], f"{type(exc).__name__}: {exc}")))
             continue
@@ -139,6 +139,19 @@ def _run_batch(conn: Connection, model: PoolingModel, batch: list[Keyed], overhe
                 ),
             ),
         )
+
+
+def _forward(model: PoolingModel, items: list[Tokens]) -> Any:
+    """Pooled rows, or each input's token vectors where the request asked for them (a group holds
+    one kind or, rarely, both: then each kind runs on its own)."""
+    per_token = [item.per_token for item in items]
+    if not any(per_token):
+        return model.forward(items)
+    if all(per_token):
+        return model.forward_tokens(items)
+    pooled = iter(model.forward([item for item in items if not item.per_token]))
+    tokens = iter(model.forward_tokens([item for item in items if item.per_token]))
+    return [next(tokens) if flag else next(pooled) for flag in per_token]
 
 
 def _tokens(group: list[Keyed], packed: bool) -> int:

@@ -10,7 +10,18 @@ from starlette.types import ASGIApp
 from server import errors
 from server.direct import DirectRoutes
 from server.middleware import ApiKeyGuard, BodyLimit, RequestTracking
-from server.routes import classify, embeddings, health, metrics, models, score, tokenize
+from server.routes import (
+    classify,
+    cohere,
+    embeddings,
+    health,
+    metrics,
+    models,
+    score,
+    status_page,
+    tei,
+    tokenize,
+)
 from server.services import Services
 
 
@@ -18,11 +29,11 @@ def create_app(svc: Services) -> FastAPI:
     app = FastAPI(
         title="warmpool",
         version=metadata.version("warmpool"),
-        description="Pooling models (embeddings, classification, scoring) over an OpenAI/vLLM API.",
+        description="Pooling models (embeddings, classification, scoring) over OpenAI, vLLM, TEI and Cohere APIs.",
     )
     app.state.services = svc
     errors.install(app)
-    modules = (health, metrics, models, embeddings, classify, score, tokenize)
+    modules = (health, metrics, models, embeddings, classify, score, tokenize, tei, cohere, status_page)
     for module in modules:
         app.include_router(module.router)
     app.state.api_routes = [route for module in modules for route in module.router.routes]

@@ -39,10 +39,20 @@ log = structlog.get_logger("warmpool.engine_client")
 
 @dataclass
 class Outcome:
-    vectors: np.ndarray
+    vectors: np.ndarray  # one pooled row per input; for per-token inputs, each input's token vectors
     queue_ms: float
     inference_ms: float
     rendered: Any = None  # what the request's `then` made of it, on the executor
+
+    @staticmethod
+    def of(rows: list[np.ndarray], queue_ms: float, inference_ms: float) -> Outcome:
+        """Pooled rows stacked into one array; per-token results (one 2-D array per input, of
+        different lengths) as an object array of them."""
+        if rows[0].ndim == 1:
+            return Outcome(np.stack(rows), queue_ms, inference_ms)
+        ragged = np.empty(len(rows), dtype=object)
+        ragged[:] = rows
+        return Outcome(ragged, queue_ms, inference_ms)
 
 
 @dataclass(eq=False)
@@ -235,7 +245,7 @@ class EngineClient:
         for req in done:
             total_ms = (time.perf_counter() - req.submitted) * 1000
             inference_ms = min(req.inference_ms, total_ms)
-            outcome = Outcome(np.stack(req.rows), total_ms - inference_ms, inference_ms)  # type: ignore[arg-type]
+            outcome = Outcome.of(req.rows, total_ms - inference_ms, inference_ms)  # type: ignore[arg-type]
             if req.then is None:
                 settled.append((req, outcome))
                 continue

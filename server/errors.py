@@ -1,9 +1,12 @@
-"""Every error leaves in the OpenAI shape {"error": {message, type, param, code}}: clients parse it."""
+"""Every error leaves in the shape its surface documents, which clients parse: OpenAI's
+{"error": {message, type, param, code}} by default; TEI's {"error": message, "error_type": ...}
+and Cohere's {"id", "message"} for requests made in those surfaces' shapes."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import uuid
+from typing import Any, Literal
 
 import structlog
 from fastapi import FastAPI, Request
@@ -28,6 +31,12 @@ _TYPES = {
 }
 
 
+# TEI's error_type per status (its ErrorType enum): clients branch on it.
+_TEI_TYPES = {429: "overloaded", 503: "unhealthy", 500: "backend", 408: "backend"}
+
+Shape = Literal["openai", "tei", "cohere"]
+
+
 class ClientDisconnected(Exception):
     """The client left before its answer; its queued inputs were cancelled."""
 
@@ -50,6 +59,7 @@ class APIError(Exception):
         self.code = code
         self.headers = headers or {}
         self.extra = extra or {}
+        self.shape: Shape = "openai"  # the surface whose error body the client reads
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -57,7 +67,18 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 
 
 def error_response(exc: APIError) -> JSONResponse:
-    body: dict[str, Any] = {
+    body: dict[str, Any]
+    if exc.shape == "tei":
+        body = {"error": exc.message, "error_type": _TEI_TYPES.get(exc.status, "validation")}
+    elif exc.shape == "cohere":
+        body = {"id": str(uuid.uuid4()), "message": exc.message}
+    else:
+        body = openai_body(exc)
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+
+def openai_body(exc: APIError) -> dict[str, Any]:
+    return {
         "error": {
             "message": exc.message,
             "type": _TYPES.get(exc.status, "invalid_request_error"),
@@ -66,7 +87,6 @@ def error_response(exc: APIError) -> JSONResponse:
             **exc.extra,
         }
     }
-    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
 def from_validation(errors: list[Any]) -> APIError:

@@ -12,15 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import orjson
 from pydantic import BaseModel, ValidationError
 
 from common.modelfolder import ModelFolder
 from common.settings import Settings
 from common.wire import Tokens
 from server.admission import Admission
-from server.errors import APIError, bad_request, from_validation
+from server.errors import APIError, Shape, bad_request, from_validation
 from server.services import ServedModel
-from server.tokenizer import TokenizerPool
+from server.tokenizer import Direction, TokenizerPool
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -35,6 +36,24 @@ def parse(model: type[M], raw: bytes) -> M:
         raise from_validation(list(exc.errors())) from None
 
 
+def parse_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, for routes that choose their request shape by its fields."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"malformed JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    return data
+
+
+def validate(model: type[M], data: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation(list(exc.errors())) from None
+
+
 @dataclass
 class RequestContext:
     """What one request's prepare and render steps may read, and the admission permits it holds."""
@@ -45,6 +64,7 @@ class RequestContext:
     admission: Admission | None = None
     admitted: int = 0
     abandoned: bool = False  # the request was answered while prepare still ran: take no more permits
+    shape: Shape = "openai"  # the surface the request speaks: its errors leave in that shape
 
     @property
     def folder(self) -> ModelFolder:
@@ -116,8 +136,13 @@ def tokenize_inputs(
     ctx: RequestContext,
     truncate: int | None,
     field: str = "input",
+    *,
+    prompt: str = "",
+    direction: Direction = "right",
 ) -> list[Tokens]:
-    """Text or token ids -> checked token lists, one per input (admitted first)."""
+    """Text or token ids -> checked token lists, one per input (admitted first). A `prompt` goes
+    before each text, as sentence-transformers puts it, so its tokens count toward the length and
+    the truncation; token ids are taken as given. `direction` is the side truncation cuts."""
     info, tokenizers = ctx.folder, ctx.tokenizers
     if isinstance(value, str):
         texts: list[Any] = [value]
@@ -131,12 +156,15 @@ def tokenize_inputs(
     if isinstance(texts[0], str):
         limit = truncation_limit(truncate, ctx)
         where = [f"{field}[{i}]" if len(texts) > 1 else field for i in range(len(texts))]
-        texts = [capped(text, info, name, limit is not None) for text, name in zip(texts, where, strict=True)]
-        tokens = tokenizers.encode_batch(texts, limit)
+        texts = [
+            capped(prompt + text, info, name, limit is not None, direction)
+            for text, name in zip(texts, where, strict=True)
+        ]
+        tokens = tokenizers.encode_batch(texts, limit, direction)
     else:
         limit = truncation_limit(truncate, ctx, text=False)
         vocab = info.vocab_size or tokenizers.vocab_size
-        tokens = [Tokens(_checked_ids(ids, i, vocab, field)[:limit]) for i, ids in enumerate(texts)]
+        tokens = [Tokens(_cut(_checked_ids(ids, i, vocab, field), limit, direction)) for i, ids in enumerate(texts)]
     for i, tok in enumerate(tokens):
         check_length(len(tok.input_ids), info, f"{field}[{i}]" if len(tokens) > 1 else field)
     return tokens
@@ -168,17 +196,23 @@ def max_chars(info: ModelFolder) -> int:
     return CHARS_PER_TOKEN * info.max_model_len
 
 
-def capped(text: str, info: ModelFolder, where: str, truncating: bool) -> str:
+def capped(text: str, info: ModelFolder, where: str, truncating: bool, direction: Direction = "right") -> str:
     limit = max_chars(info)
     if len(text) <= limit:
         return text
     if truncating:  # far more characters than the tokens kept need: the cut is never reached
-        return text[:limit]
+        return text[-limit:] if direction == "left" else text[:limit]
     raise bad_request(
         f"{where} has {len(text)} characters, more than the {limit} this model's {info.max_model_len}-token "
         "maximum allows; shorten it or set truncate_prompt_tokens",
         where.split("[")[0],
     )
+
+
+def _cut(ids: list[int], limit: int | None, direction: Direction) -> list[int]:
+    if limit is None or len(ids) <= limit:
+        return ids
+    return ids[-limit:] if direction == "left" else ids[:limit]
 
 
 def _checked_ids(ids: list[int], index: int, vocab: int, field: str) -> list[int]:

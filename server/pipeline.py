@@ -22,7 +22,7 @@ from fastapi.responses import Response
 
 from common.wire import Tokens
 from server.engine_client import EngineFailed, EngineUnavailable, Outcome
-from server.errors import APIError, ClientDisconnected
+from server.errors import APIError, ClientDisconnected, Shape
 from server.inputs import RequestContext
 from server.services import ServedModel, Services, services
 
@@ -87,36 +87,50 @@ async def read_body(request: Request, svc: Services) -> bytes:
 
 
 @contextlib.contextmanager
-def admitted(svc: Services) -> Iterator[RequestContext]:
+def in_shape(shape: Shape) -> Iterator[None]:
+    """Errors raised before a request context exists leave in the route's surface's shape."""
+    try:
+        yield
+    except APIError as exc:
+        exc.shape = shape
+        raise
+
+
+@contextlib.contextmanager
+def admitted(svc: Services, shape: Shape = "openai") -> Iterator[RequestContext]:
     """A request context holding the request's first admission permit (taken on the loop, so a full
     server refuses at once with 429); prepare takes the rest. Every permit is released on exit (or,
-    for a request abandoned while prepare ran, when prepare ends)."""
+    for a request abandoned while prepare ran, when prepare ends). Errors leave in the shape of the
+    surface the request speaks (`shape`, or the one prepare found in the body)."""
     ctx = request_context(svc)
+    ctx.shape = shape
     try:
         ctx.admit(1)
         yield ctx
     except APIError as exc:
         if exc.status == 429:
             svc.metrics.rejections.labels(reason="overloaded").inc()
+        exc.shape = ctx.shape
         raise
     finally:
         if not ctx.abandoned:
             ctx.release()
 
 
-async def answer(request: Request, prepare: Prepare, render: Render) -> Response:
+async def answer(request: Request, prepare: Prepare, render: Render, shape: Shape = "openai") -> Response:
     """The whole pipeline for one request; every failure leaves as an APIError. The request timeout
     and the client's disconnect cover every step after the body has arrived, preparation included."""
     svc = services(request)
     timings = Timings()
-    svc.default_model()  # 503 before reading the body of a request that cannot be served
-    raw = await read_body(request, svc)
+    with in_shape(shape):
+        svc.default_model()  # 503 before reading the body of a request that cannot be served
+        raw = await read_body(request, svc)
     arrived = time.perf_counter()  # tokenization time counts from here, not from the upload
     loop = asyncio.get_running_loop()
     deadline = loop.time() + svc.settings.request_timeout
     gone = asyncio.ensure_future(_client_gone(request))
     try:
-        with admitted(svc) as ctx:
+        with admitted(svc, shape) as ctx:
             prepared = await prepare_in_time(svc, prepare, raw, ctx, gone, deadline)
             timings.tokenization_ms = (time.perf_counter() - arrived) * 1000
             outcome = await run_on_engine(
@@ -153,14 +167,17 @@ async def prepare_in_time(
     raise svc.unavailable("timed out preparing the request")
 
 
-async def answer_without_engine(request: Request, respond: Callable[[bytes, RequestContext], bytes]) -> Response:
+async def answer_without_engine(
+    request: Request, respond: Callable[[bytes, RequestContext], bytes], shape: Shape = "openai"
+) -> Response:
     """Routes the tokenizer alone answers (/tokenize, /detokenize): admitted like any other work,
     so they cannot queue unbounded jobs on the executor that pooling requests share."""
     svc = services(request)
     timings = Timings()
-    svc.default_model()
-    raw = await read_body(request, svc)
-    with admitted(svc) as ctx:
+    with in_shape(shape):
+        svc.default_model()
+        raw = await read_body(request, svc)
+    with admitted(svc, shape) as ctx:
         body = await svc.off_loop(respond, raw, ctx)
     return json_response(body, timings)
 

@@ -6,9 +6,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
+from server.tokenizer import Direction
+
 TextOrTokens = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 _INPUT_SHAPES = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+
+def lower(value: Any) -> Any:
+    """TEI's enums arrive as "Left"/"Right" from some clients and "left"/"right" from others."""
+    return value.lower() if isinstance(value, str) else value
 
 
 def check_input_shape(value: Any, field: str = "input") -> Any:
@@ -37,6 +44,7 @@ class InputRequest(Body):
     input: TextOrTokens
     model: str | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    prompt_name: str | None = None  # one of the model's sentence-transformers prompts
 
     @field_validator("input", mode="before")
     @classmethod
@@ -61,13 +69,27 @@ class ClassifyRequest(InputRequest):
 
 
 def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
-    """The request schema for /openapi.json: routes read the raw body and parse it on the executor."""
+    """The request schema for /openapi.json: routes read the raw body and parse it on the executor.
+    Nested bodies are written out in place: a `#/$defs/...` reference means nothing inside an
+    operation, and schema-driven clients and fuzzers cannot follow it."""
+    schema = model.model_json_schema()
     return {
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
+            "content": {"application/json": {"schema": _inline(schema, schema.pop("$defs", {}))}},
         }
     }
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return _inline(defs[ref.removeprefix("#/$defs/")], defs)
+        return {key: _inline(value, defs) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    return node
 
 
 class ScoreRequest(Body):
@@ -77,16 +99,32 @@ class ScoreRequest(Body):
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
 
 
+class DocumentText(Body):
+    """Cohere v1's document object: the text is what is ranked."""
+
+    text: StrictStr
+
+
 class RerankRequest(Body):
-    """Jina/Cohere shape; TEI's `texts` is accepted for `documents`."""
+    """Jina/Cohere shape (`documents`), or TEI's (`texts`, answered in TEI's shape)."""
 
     query: StrictStr
-    documents: list[StrictStr] | None = None
+    documents: list[StrictStr | DocumentText] | None = None
     texts: list[StrictStr] | None = None
     top_n: int | None = None
     return_documents: bool = True
     model: str | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    # TEI's fields
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool | None = None
+    truncation_direction: Direction = "right"
+
+    @field_validator("truncation_direction", mode="before")
+    @classmethod
+    def _direction(cls, value: Any) -> Any:
+        return lower(value)
 
 
 class TokenizeRequest(Body):
@@ -98,18 +136,3 @@ class TokenizeRequest(Body):
 class DetokenizeRequest(Body):
     tokens: list[StrictInt]
     model: str | None = None
-
-
-class TEIEmbedRequest(Body):
-    inputs: StrictStr | list[StrictStr]
-    normalize: bool = True
-    truncate: bool = False
-    dimensions: int | None = Field(None, ge=1)
-
-
-class TEIPredictRequest(Body):
-    """A text, a list of texts, or a list of [text, text] pairs (cross-encoders)."""
-
-    inputs: StrictStr | list[StrictStr] | list[list[StrictStr]]
-    truncate: bool = False
-    raw_scores: bool = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any, Literal
 
 from tokenizers import Encoding, Tokenizer
 
@@ -19,6 +20,7 @@ from common.wire import Tokens
 SHORT_TEXT_CHARS = 1024
 
 TextOrPair = str | tuple[str, str]
+Direction = Literal["right", "left"]
 
 
 class TokenizerPool:
@@ -44,12 +46,15 @@ class TokenizerPool:
             tok = self._local.tok = Tokenizer.from_str(self._json)
         return tok
 
-    def encode_batch(self, inputs: list[TextOrPair], truncate: int | None = None) -> list[Tokens]:
+    def encode_batch(
+        self, inputs: list[TextOrPair], truncate: int | None = None, direction: Direction = "right"
+    ) -> list[Tokens]:
         """Texts or (text, text) pairs with special tokens, each cut to `truncate` tokens if given
-        (the special tokens kept, as sentence-transformers' tokenizer call does)."""
+        (the special tokens kept, as sentence-transformers' tokenizer call does), from the end or,
+        with `direction="left"`, from the start."""
         tok = self.get()
         if truncate is not None:
-            tok.enable_truncation(max_length=truncate)
+            tok.enable_truncation(max_length=truncate, direction=direction)
         try:
             if len(inputs) == 1 and _chars(inputs[0]) <= SHORT_TEXT_CHARS:
                 text, pair = inputs[0] if isinstance(inputs[0], tuple) else (inputs[0], None)
@@ -59,17 +64,19 @@ class TokenizerPool:
             if truncate is not None:
                 tok.no_truncation()
 
-    def encode_pairs(self, pairs: list[tuple[str, str]], truncate: int | None = None) -> list[Tokens]:
+    def encode_pairs(
+        self, pairs: list[tuple[str, str]], truncate: int | None = None, direction: Direction = "right"
+    ) -> list[Tokens]:
         """(text, text) pairs as a cross-encoder reads them, each distinct text tokenized once (one
         query against 2000 documents is tokenized once, not 2000 times), then joined with the
         special tokens and cut to `truncate` exactly as encoding the pair whole would."""
         tok = self.get()
         if not self._joins_pairs:  # no post-processor: only the whole-pair call sets the type ids
-            return self.encode_batch(list(pairs), truncate)
+            return self.encode_batch(list(pairs), truncate, direction)
         texts = list(dict.fromkeys(text for pair in pairs for text in pair))
         parts = dict(zip(texts, tok.encode_batch_fast(texts, add_special_tokens=False), strict=True))
         if truncate is not None:
-            tok.enable_truncation(max_length=truncate)
+            tok.enable_truncation(max_length=truncate, direction=direction)
         try:
             return [_tokens(tok.post_process(parts[a], parts[b], add_special_tokens=True)) for a, b in pairs]
         finally:
@@ -85,12 +92,33 @@ class TokenizerPool:
             return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
         return list(tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids)
 
-    def decode(self, ids: list[int]) -> str:
-        return self.get().decode(ids, skip_special_tokens=False)
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.get().decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        return list(self.get().decode_batch(ids, skip_special_tokens=skip_special_tokens))
+
+    def spans(self, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+        """TEI's token list per text: id, text, special and the character span it covers in the
+        text (null for special tokens, which cover none)."""
+        encodings = self.get().encode_batch(texts, add_special_tokens=add_special_tokens)  # with offsets
+        return [_spans(text, e) for text, e in zip(texts, encodings, strict=True)]
 
 
 def _chars(item: TextOrPair) -> int:
     return len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
+
+
+def _spans(text: str, encoding: Encoding) -> list[dict[str, Any]]:
+    spans = []
+    for token_id, token, special, (start, stop) in zip(
+        encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets, strict=True
+    ):
+        if special:
+            spans.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
+        else:
+            spans.append({"id": token_id, "text": text[start:stop], "special": False, "start": start, "stop": stop})
+    return spans
 
 
 def _tokens(encoding: Encoding) -> Tokens:

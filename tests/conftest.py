@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.server_process import ROOT, ServerProcess, serving
+from tests.tiny_models import TinyFolders
 
 os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"})
 MODEL_DIR = ROOT / "models" / "all-MiniLM-L6-v2"
@@ -57,13 +58,15 @@ def cross_encoder_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     return build_classifier(tmp_path_factory.mktemp("cross-encoder"), model_dir, ["relevance"])
 
 
+API_KEY = "s3cret-test-key"
+
+
 @pytest.fixture(scope="session")
 def classifier_server(classifier_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with serving(classifier_dir, tmp_path_factory.mktemp("logs") / "classifier.log") as proc:
+    """Keyed too (from the environment), as client libraries meet it behind a gateway."""
+    with serving(classifier_dir, tmp_path_factory.mktemp("logs") / "classifier.log", api_key=API_KEY) as proc:
+        proc.client.headers["authorization"] = f"Bearer {API_KEY}"
         yield proc
-
-
-API_KEY = "s3cret-test-key"
 
 
 @pytest.fixture(scope="session")
@@ -75,3 +78,9 @@ def cross_encoder_server(cross_encoder_dir: Path, tmp_path_factory: pytest.TempP
     with serving(cross_encoder_dir, log, api_key_file=secrets / "api-key") as proc:
         proc.client.headers["authorization"] = f"Bearer {API_KEY}"
         yield proc
+
+
+@pytest.fixture(scope="session")
+def tiny(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> TinyFolders:
+    """tests.tiny_models.TINY's folders (every native family, one transformers model), built when first asked for."""
+    return TinyFolders(tmp_path_factory.mktemp("tiny"), model_dir)

@@ -55,8 +55,17 @@ def test_tei_predict(classifier_server: ServerProcess, classifier_dir: Path) -> 
     assert single[0]["label"] == ["negative", "neutral", "positive"][expected.argmax()]
     assert [s["score"] for s in single] == sorted((s["score"] for s in single), reverse=True)
     np.testing.assert_allclose(sorted(s["score"] for s in single), sorted(expected), atol=1e-5)
-    many = classifier_server.post("/predict", json={"inputs": TEXTS[:2]}).json()
+    many = classifier_server.post("/predict", json={"inputs": [[t] for t in TEXTS[:2]]}).json()
     assert len(many) == 2 and len(many[0]) == 3
+
+
+def test_tei_predict_reads_a_list_of_two_texts_as_a_pair(
+    classifier_server: ServerProcess, classifier_dir: Path
+) -> None:
+    """As TEI: ["a", "b"] is one [text, text] input, scored as the pair."""
+    pair = classifier_server.post("/predict", json={"inputs": TEXTS[:2]}).json()
+    expected = softmax(reference_logits(classifier_dir, TEXTS[:1], TEXTS[1:2]))[0]
+    np.testing.assert_allclose(sorted(s["score"] for s in pair), sorted(expected), atol=1e-5)
 
 
 def test_score_equals_transformers(cross_encoder_server: ServerProcess, cross_encoder_dir: Path) -> None:
@@ -81,10 +90,23 @@ def test_rerank_orders_like_score(cross_encoder_server: ServerProcess, route: st
     np.testing.assert_allclose([x["relevance_score"] for x in results], sorted(scores, reverse=True), atol=1e-6)
     assert [x["document"]["text"] for x in results] == [DOCS[i] for i in order]
     top = cross_encoder_server.post(
-        route, json={"query": QUERY, "texts": DOCS, "top_n": 2, "return_documents": False}
+        route, json={"query": QUERY, "documents": DOCS, "top_n": 2, "return_documents": False}
     ).json()["results"]
     assert [x["index"] for x in top] == order[:2]
     assert all("document" not in x for x in top)
+
+
+def test_rerank_in_tei_shape(cross_encoder_server: ServerProcess, cross_encoder_dir: Path) -> None:
+    """A /rerank naming its documents `texts` (TEI) gets TEI's bare ranked list; raw_scores gives logits."""
+    logits = reference_logits(cross_encoder_dir, [QUERY] * len(DOCS), DOCS)[:, 0]
+    order = list(np.argsort(-logits, kind="stable"))
+    ranks = cross_encoder_server.post("/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True}).json()
+    assert [r["index"] for r in ranks] == order
+    np.testing.assert_allclose([r["score"] for r in ranks], 1 / (1 + np.exp(-logits[order])), atol=1e-5)
+    assert [r["text"] for r in ranks] == [DOCS[i] for i in order]
+    raw = cross_encoder_server.post("/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True}).json()
+    np.testing.assert_allclose([r["score"] for r in raw], logits[order], atol=1e-5)
+    assert all("text" not in r for r in raw)
 
 
 def test_embedding_model_scores_by_cosine(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
@@ -155,7 +177,8 @@ def test_bad_input_on_new_routes(cross_encoder_server: ServerProcess, route: str
 def test_routes_the_model_cannot_serve(server: ServerProcess, classifier_server: ServerProcess) -> None:
     assert_openai_error(server.post("/classify", json={"input": "x"}), 400, "'embedding'")
     assert_openai_error(classifier_server.post("/score", json={"text_1": "a", "text_2": "b"}), 400, "'classification'")
-    assert_openai_error(classifier_server.post("/embed", json={"inputs": "a"}), 400, "'classification'")
+    tei = classifier_server.post("/embed", json={"inputs": "a"})
+    assert tei.status_code == 400 and "'classification'" in tei.json()["error"]  # TEI's error shape
 
 
 def test_api_key(cross_encoder_server: ServerProcess) -> None:
@@ -171,3 +194,21 @@ def test_api_key(cross_encoder_server: ServerProcess) -> None:
         for open_route in ("/health/live", "/health/ready", "/health", "/health/startup", "/version"):
             assert anonymous.get(open_route).status_code == 200, open_route
     assert API_KEY not in cross_encoder_server.logs()
+
+
+def test_tei_embed_all_gives_every_tokens_hidden_state(server: ServerProcess, model_dir: Path) -> None:
+    """/embed_all answers, per input, the model's last hidden state for each of its tokens."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    texts = [DOCS[0], "short", DOCS[2]]
+    r = server.post("/embed_all", json={"inputs": texts})
+    assert r.status_code == 200, r.text
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir).eval()
+    for text, got in zip(texts, r.json(), strict=True):
+        with torch.inference_mode():
+            expected = model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0].numpy()
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    pooled = server.post("/embed", json={"inputs": texts}).json()  # the same batch kinds still pool
+    assert len(pooled) == 3 and len(pooled[0]) == 384

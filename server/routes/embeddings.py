@@ -1,4 +1,4 @@
-"""POST /v1/embeddings (OpenAI), POST /pooling (vLLM) and POST /embed (TEI)."""
+"""POST /v1/embeddings (OpenAI) and POST /pooling (vLLM)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from server import inputs, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
-from server.protocol import EmbeddingRequest, PoolingRequest, TEIEmbedRequest, openapi_body
+from server.prompts import prompt_text
+from server.protocol import EmbeddingRequest, PoolingRequest, openapi_body
 
 router = APIRouter(tags=["embeddings"])
 
@@ -26,7 +27,8 @@ def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[EmbeddingReq
     ctx.select_model(body.model)
     ctx.require("/v1/embeddings", "embedding")
     check_dimensions(body.dimensions, ctx)
-    tokens = inputs.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens)
+    prompt = prompt_text(ctx.folder, body.prompt_name)
+    tokens = inputs.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens, prompt=prompt)
     return Prepared(body, tokens)
 
 
@@ -43,7 +45,8 @@ def render_embeddings(prep: Prepared[EmbeddingRequest], outcome: Outcome, ctx: R
 def prepare_pooling(raw: bytes, ctx: RequestContext) -> Prepared[PoolingRequest]:
     body = inputs.parse(PoolingRequest, raw)
     ctx.select_model(body.model)
-    tokens = inputs.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens)
+    prompt = prompt_text(ctx.folder, body.prompt_name)
+    tokens = inputs.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens, prompt=prompt)
     return Prepared(body, tokens)
 
 
@@ -57,20 +60,6 @@ def render_pooling(prep: Prepared[PoolingRequest], outcome: Outcome, ctx: Reques
     return outputs.to_json(envelope("pool", ctx, data=data, usage=prep.usage()))
 
 
-def prepare_tei_embed(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedRequest]:
-    body = inputs.parse(TEIEmbedRequest, raw)
-    ctx.require("/embed", "embedding")
-    check_dimensions(body.dimensions, ctx)
-    truncate = -1 if body.truncate else None
-    tokens = inputs.tokenize_inputs(body.inputs, ctx, truncate, "inputs")
-    return Prepared(body, tokens)
-
-
-def render_tei_embed(prep: Prepared[TEIEmbedRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
-    """TEI answers a bare list of vectors."""
-    return outputs.to_json(outputs.embeddings(outcome.vectors, prep.body.dimensions, prep.body.normalize))
-
-
 @router.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingRequest))
 async def create_embeddings(request: Request) -> Response:
     return await answer(request, prepare_embeddings, render_embeddings)
@@ -79,8 +68,3 @@ async def create_embeddings(request: Request) -> Response:
 @router.post("/pooling", openapi_extra=openapi_body(PoolingRequest))
 async def pooling(request: Request) -> Response:
     return await answer(request, prepare_pooling, render_pooling)
-
-
-@router.post("/embed", openapi_extra=openapi_body(TEIEmbedRequest))
-async def tei_embed(request: Request) -> Response:
-    return await answer(request, prepare_tei_embed, render_tei_embed)

@@ -1,4 +1,5 @@
-"""POST /score (vLLM), POST /rerank and /v1/rerank (Jina/Cohere, TEI's `texts` too).
+"""POST /score (vLLM); POST /rerank, /v1/rerank (Jina/Cohere v1) and /v2/rerank (Cohere v2); a
+/rerank asked in TEI's shape (`texts`) is answered in TEI's shape.
 
 Cross-encoders score each (query, document) pair in one forward pass; for embedding models the
 score is the cosine similarity of the two embeddings, as vLLM does for bi-encoders.
@@ -19,7 +20,8 @@ from server import inputs, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
-from server.protocol import RerankRequest, ScoreRequest, openapi_body
+from server.protocol import DocumentText, RerankRequest, ScoreRequest, openapi_body
+from server.tokenizer import Direction
 
 router = APIRouter(tags=["scoring"])
 SCORERS = ("cross-encoder", "embedding")
@@ -36,7 +38,12 @@ class Pairs:
 
 
 def tokenize_pairs(
-    lefts: list[str], rights: list[str], ctx: RequestContext, truncate: int | None, fields: tuple[str, str]
+    lefts: list[str],
+    rights: list[str],
+    ctx: RequestContext,
+    truncate: int | None,
+    fields: tuple[str, str],
+    direction: Direction = "right",
 ) -> tuple[list[Tokens], Pairs]:
     """Token lists for the pairs: one per pair for a cross-encoder, one per unique text for a
     bi-encoder (one admission permit per list). Errors name the request's own `fields`.
@@ -53,20 +60,22 @@ def tokenize_pairs(
     for i, text in enumerate(rights):
         origin.setdefault(text, f"{right_field}[{i}]")
     ctx.admit(len(lefts) if cross else len(origin), right_field)
-    texts = {text: inputs.capped(text, ctx.folder, name, limit is not None) for text, name in origin.items()}
+    texts = {text: inputs.capped(text, ctx.folder, name, limit is not None, direction) for text, name in origin.items()}
     if cross:
         if limit is None:  # each query alone must fit before it is paired with every document
             queries = list(dict.fromkeys(lefts))
             for query, tok in zip(queries, ctx.tokenizers.encode_batch([texts[q] for q in queries]), strict=True):
                 inputs.check_length(len(tok.input_ids), ctx.folder, origin[query])
-        tokens = ctx.tokenizers.encode_pairs([(texts[q], texts[d]) for q, d in zip(lefts, rights, strict=True)], limit)
+        tokens = ctx.tokenizers.encode_pairs(
+            [(texts[q], texts[d]) for q, d in zip(lefts, rights, strict=True)], limit, direction
+        )
         index = list(range(len(tokens)))
         pairs = Pairs(len(tokens), True, index, index)
         where = [f"{right_field}[{i}]" for i in index]
     else:
         unique = list(origin)
         position = {text: i for i, text in enumerate(unique)}
-        tokens = ctx.tokenizers.encode_batch([texts[t] for t in unique], limit)
+        tokens = ctx.tokenizers.encode_batch([texts[t] for t in unique], limit, direction)
         pairs = Pairs(len(lefts), False, [position[t] for t in lefts], [position[t] for t in rights])
         where = [origin[text] for text in unique]
     for tok, name in zip(tokens, where, strict=True):
@@ -74,9 +83,11 @@ def tokenize_pairs(
     return tokens, pairs
 
 
-def pair_scores(vectors: np.ndarray, pairs: Pairs) -> np.ndarray:
+def pair_scores(vectors: np.ndarray, pairs: Pairs, raw: bool = False) -> np.ndarray:
+    """Cross-encoder scores (logits when `raw`, else sigmoid, as CrossEncoder.predict gives them),
+    or the cosine similarity of each pair's embeddings."""
     if pairs.cross:
-        return outputs.activate(vectors)[:, 0]
+        return vectors.astype(np.float64)[:, 0] if raw else outputs.activate(vectors)[:, 0]
     unit = outputs.normalize(vectors).astype(np.float64)
     return (unit[pairs.left] * unit[pairs.right]).sum(axis=1)
 
@@ -108,26 +119,46 @@ def render_score(prep: Prepared[ScoreRequest], outcome: Outcome, ctx: RequestCon
 
 
 def prepare_rerank(raw: bytes, ctx: RequestContext) -> Prepared[RerankRequest]:
-    body = inputs.parse(RerankRequest, raw)
+    data = inputs.parse_object(raw)
+    tei = ctx.shape == "openai" and "texts" in data and "documents" not in data
+    if tei:  # asked in TEI's shape: answered in it, errors included
+        ctx.shape = "tei"
+    body = inputs.validate(RerankRequest, data)
     ctx.select_model(body.model)
     ctx.require("/rerank", *SCORERS)
-    documents = body.documents if body.documents is not None else body.texts
-    if documents is None:
+    field = "texts" if body.documents is None else "documents"
+    given = body.texts if body.documents is None else body.documents
+    if given is None:
         raise inputs.bad_request("missing required field 'documents'", "documents")
-    if not documents:
-        raise inputs.bad_request("'documents' must not be empty", "documents")
+    if not given:
+        raise inputs.bad_request(f"'{field}' must not be empty", field)
     if body.top_n is not None and body.top_n <= 0:
         raise inputs.bad_request(f"top_n must be a positive integer, got {body.top_n}", "top_n")
+    documents = [d.text if isinstance(d, DocumentText) else d for d in given]
+    truncate = -1 if body.truncate else body.truncate_prompt_tokens
     tokens, pairs = tokenize_pairs(
-        [body.query] * len(documents), documents, ctx, body.truncate_prompt_tokens, ("query", "documents")
+        [body.query] * len(documents), documents, ctx, truncate, ("query", field), body.truncation_direction
     )
-    return Prepared(body, tokens, (pairs, documents))
+    return Prepared(body, tokens, (pairs, documents, tei))
+
+
+def ranked(prep: Prepared[RerankRequest], vectors: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """The scores and the documents' indices best first, cut to top_n."""
+    pairs = prep.extra[0]
+    scores = pair_scores(vectors, pairs, raw=prep.body.raw_scores)
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    return scores, order[: prep.body.top_n or len(scores)]
 
 
 def render_rerank(prep: Prepared[RerankRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
-    pairs, documents = prep.extra
-    scores = pair_scores(outcome.vectors, pairs)
-    order = sorted(range(len(scores)), key=lambda i: -scores[i])[: prep.body.top_n or len(scores)]
+    """Jina/Cohere's {"results": [{index, relevance_score, document}]}, or TEI's bare ranked list."""
+    _, documents, tei = prep.extra
+    scores, order = ranked(prep, outcome.vectors)
+    if tei:
+        text = prep.body.return_text
+        return outputs.to_json(
+            [{"index": i, "score": float(scores[i]), **({"text": documents[i]} if text else {})} for i in order]
+        )
     results = []
     for i in order:
         result: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
@@ -140,6 +171,7 @@ def render_rerank(prep: Prepared[RerankRequest], outcome: Outcome, ctx: RequestC
             "model": ctx.model_name,
             "usage": {"total_tokens": prep.n_tokens},
             "results": results,
+            "meta": {"billed_units": {"search_units": 1, "input_tokens": prep.n_tokens}},
         }
     )
 
@@ -153,3 +185,9 @@ async def score(request: Request) -> Response:
 @router.post("/v1/rerank", openapi_extra=openapi_body(RerankRequest))
 async def rerank(request: Request) -> Response:
     return await answer(request, prepare_rerank, render_rerank)
+
+
+@router.post("/v2/rerank", openapi_extra=openapi_body(RerankRequest))
+async def cohere_rerank(request: Request) -> Response:
+    """Cohere v2: the same ranking, with Cohere's error body."""
+    return await answer(request, prepare_rerank, render_rerank, shape="cohere")

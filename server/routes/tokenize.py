@@ -1,4 +1,5 @@
-"""POST /tokenize and /detokenize (vLLM): the tokenizer alone, no engine round trip (admitted all the same)."""
+"""POST /tokenize and /detokenize (vLLM), /tokenize asked with `inputs` and /decode (TEI): the
+tokenizer alone, no engine round trip (admitted all the same)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,19 @@ from fastapi.responses import Response
 from server import inputs, outputs
 from server.inputs import RequestContext
 from server.pipeline import answer_without_engine
+from server.prompts import prompt_text
 from server.protocol import DetokenizeRequest, TokenizeRequest, openapi_body
+from server.protocol_tei import DecodeRequest, TEITokenizeRequest
 
 router = APIRouter(tags=["tokenize"])
 
 
 def tokenize(raw: bytes, ctx: RequestContext) -> bytes:
-    body = inputs.parse(TokenizeRequest, raw)
+    data = inputs.parse_object(raw)
+    if "inputs" in data and "prompt" not in data:
+        ctx.shape = "tei"
+        return tei_tokenize(inputs.validate(TEITokenizeRequest, data), ctx)
+    body = inputs.validate(TokenizeRequest, data)
     ctx.select_model(body.model)
     prompt = inputs.capped(body.prompt, ctx.folder, "prompt", truncating=False)
     tokens = ctx.tokenizers.tokenize(prompt, body.add_special_tokens)
@@ -23,19 +30,47 @@ def tokenize(raw: bytes, ctx: RequestContext) -> bytes:
     )
 
 
+def tei_tokenize(body: TEITokenizeRequest, ctx: RequestContext) -> bytes:
+    """TEI's answer: per text, its tokens with their text and character span (in the text with
+    its prompt, if one was named)."""
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    if not texts:
+        raise inputs.bad_request("'inputs' must not be empty", "inputs")
+    ctx.admit(len(texts), "inputs")
+    prompt = prompt_text(ctx.folder, body.prompt_name) if body.prompt_name is not None else ""
+    where = [f"inputs[{i}]" if len(texts) > 1 else "inputs" for i in range(len(texts))]
+    texts = [
+        inputs.capped(prompt + t, ctx.folder, name, truncating=False) for t, name in zip(texts, where, strict=True)
+    ]
+    return outputs.to_json(ctx.tokenizers.spans(texts, body.add_special_tokens))
+
+
+def checked_ids(ids: list[int], ctx: RequestContext, field: str) -> list[int]:
+    """Token ids the tokenizer may decode: within the vocabulary, and no more than a text may have."""
+    if len(ids) > inputs.max_chars(ctx.folder):
+        raise inputs.bad_request(
+            f"'{field}' has {len(ids)} ids, more than the {inputs.max_chars(ctx.folder)} this model allows", field
+        )
+    vocab = ctx.tokenizers.vocab_size
+    bad = next((t for t in ids if t < 0 or t >= vocab), None)
+    if bad is not None:
+        raise inputs.bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", field)
+    return ids
+
+
 def detokenize(raw: bytes, ctx: RequestContext) -> bytes:
     body = inputs.parse(DetokenizeRequest, raw)
     ctx.select_model(body.model)
-    if len(body.tokens) > inputs.max_chars(ctx.folder):
-        raise inputs.bad_request(
-            f"'tokens' has {len(body.tokens)} ids, more than the {inputs.max_chars(ctx.folder)} this model allows",
-            "tokens",
-        )
-    vocab = ctx.tokenizers.vocab_size
-    bad = next((t for t in body.tokens if t < 0 or t >= vocab), None)
-    if bad is not None:
-        raise inputs.bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", "tokens")
-    return outputs.to_json({"prompt": ctx.tokenizers.decode(body.tokens)})
+    return outputs.to_json({"prompt": ctx.tokenizers.decode(checked_ids(body.tokens, ctx, "tokens"))})
+
+
+def decode(raw: bytes, ctx: RequestContext) -> bytes:
+    """TEI's /decode: one text per id list, as a list."""
+    body = inputs.parse(DecodeRequest, raw)
+    batch: list[list[int]] = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]  # type: ignore[list-item]
+    ctx.admit(len(batch), "ids")
+    checked = [checked_ids(ids, ctx, "ids") for ids in batch]
+    return outputs.to_json(ctx.tokenizers.decode_batch(checked, body.skip_special_tokens))
 
 
 @router.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
@@ -46,3 +81,8 @@ async def tokenize_route(request: Request) -> Response:
 @router.post("/detokenize", openapi_extra=openapi_body(DetokenizeRequest))
 async def detokenize_route(request: Request) -> Response:
     return await answer_without_engine(request, detokenize)
+
+
+@router.post("/decode", openapi_extra=openapi_body(DecodeRequest))
+async def decode_route(request: Request) -> Response:
+    return await answer_without_engine(request, decode, shape="tei")

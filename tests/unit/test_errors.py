@@ -14,7 +14,8 @@ from starlette.requests import ClientDisconnect
 from structlog.testing import capture_logs
 
 from server.errors import APIError, ClientDisconnected, from_validation, response_for
-from server.protocol import DetokenizeRequest, EmbeddingRequest, ScoreRequest, TEIPredictRequest
+from server.protocol import DetokenizeRequest, EmbeddingRequest, ScoreRequest
+from server.protocol_tei import TEIPredictRequest
 
 
 def validation_error(model: type[BaseModel], body: str) -> ValidationError:

@@ -1,0 +1,87 @@
+"""Cohere's embed surface: POST /v1/embed and /v2/embed (Cohere's rerank routes are in
+routes/score.py). Errors leave in Cohere's shape: {"id", "message"}.
+
+`input_type` picks the model's matching sentence-transformers prompt; `truncate` END (Cohere's
+default) cuts the end of a long text, START its start, NONE refuses it; `max_tokens` cuts sooner;
+`output_dimension` shortens the vectors (Matryoshka) as `dimensions` does on /v1/embeddings.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from server import inputs, outputs
+from server.engine_client import Outcome
+from server.inputs import RequestContext
+from server.pipeline import Prepared, answer
+from server.prompts import prompt_for_input_type
+from server.protocol import openapi_body
+from server.protocol_cohere import CohereEmbedRequest
+from server.routes.embeddings import check_dimensions
+
+router = APIRouter(tags=["cohere"])
+
+
+def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[CohereEmbedRequest]:
+    body = inputs.parse(CohereEmbedRequest, raw)
+    ctx.select_model(body.model)
+    ctx.require("/v2/embed", "embedding")
+    if body.texts is None:
+        field = "images" if body.images is not None else "inputs" if body.inputs is not None else "texts"
+        raise inputs.bad_request("'texts' is required: this model embeds text only", field)
+    check_dimensions(body.output_dimension, ctx)
+    truncate = None
+    if body.truncate != "NONE":
+        truncate = -1 if body.max_tokens is None else min(body.max_tokens, ctx.folder.max_model_len)
+    tokens = inputs.tokenize_inputs(
+        body.texts,
+        ctx,
+        truncate,
+        "texts",
+        prompt=prompt_for_input_type(ctx.folder, body.input_type),
+        direction="left" if body.truncate == "START" else "right",
+    )
+    return Prepared(body, tokens)
+
+
+def by_type(prep: Prepared[CohereEmbedRequest], outcome: Outcome, ctx: RequestContext) -> dict[str, list[Any]]:
+    """The embeddings in every type asked for (float when none is)."""
+    vectors = outputs.embeddings(outcome.vectors, prep.body.output_dimension, ctx.folder.normalize)
+    return {kind: outputs.quantize(vectors, kind) for kind in dict.fromkeys(prep.body.embedding_types or ["float"])}
+
+
+def envelope(prep: Prepared[CohereEmbedRequest], version: str, **fields: Any) -> bytes:
+    return outputs.to_json(
+        {
+            "id": str(uuid.uuid4()),
+            **fields,
+            "texts": prep.body.texts,
+            "meta": {"api_version": {"version": version}, "billed_units": {"input_tokens": prep.n_tokens}},
+        }
+    )
+
+
+def render_v1(prep: Prepared[CohereEmbedRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+    """v1 answers a bare list of floats unless embedding types were asked for."""
+    if prep.body.embedding_types is None:
+        floats = by_type(prep, outcome, ctx)["float"]
+        return envelope(prep, "1", response_type="embeddings_floats", embeddings=floats)
+    return envelope(prep, "1", response_type="embeddings_by_type", embeddings=by_type(prep, outcome, ctx))
+
+
+def render_v2(prep: Prepared[CohereEmbedRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+    return envelope(prep, "2", response_type="embeddings_by_type", embeddings=by_type(prep, outcome, ctx))
+
+
+@router.post("/v1/embed", openapi_extra=openapi_body(CohereEmbedRequest))
+async def embed_v1(request: Request) -> Response:
+    return await answer(request, prepare_embed, render_v1, shape="cohere")
+
+
+@router.post("/v2/embed", openapi_extra=openapi_body(CohereEmbedRequest))
+async def embed_v2(request: Request) -> Response:
+    return await answer(request, prepare_embed, render_v2, shape="cohere")

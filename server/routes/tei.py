@@ -1,0 +1,264 @@
+"""Text Embeddings Inference's surface: POST / (and SageMaker's /invocations) by model kind,
+GET /info, POST /embed, /embed_all (each token's vector), /embed_sparse, /predict and /similarity. /rerank and /tokenize
+answer in TEI's shape when asked in it (routes/score.py, routes/tokenize.py). Errors leave in
+TEI's shape: {"error": message, "error_type": ...}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from server import inputs, outputs
+from server.engine_client import Outcome
+from server.inputs import RequestContext
+from server.pipeline import Prepared, answer, in_shape
+from server.prompts import prompt_text
+from server.protocol import openapi_body
+from server.protocol_tei import (
+    SimilarityRequest,
+    TEIEmbedAllRequest,
+    TEIEmbedRequest,
+    TEIOptions,
+    TEIPredictRequest,
+)
+from server.routes import score
+from server.routes.classify import CLASSIFIERS, label
+from server.routes.embeddings import check_dimensions
+from server.services import services
+from server.tokenizer import TextOrPair
+
+router = APIRouter(tags=["tei"])
+_TEI_POOLING = {"lasttoken": "last_token"}  # TEI's names where they differ from ours
+
+
+def truncation(options: TEIOptions | TEIPredictRequest) -> int | None:
+    """TEI's `truncate: true` cuts at the model's maximum; off (the default), too long is a 400."""
+    return -1 if options.truncate else None
+
+
+def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedRequest]:
+    body = inputs.parse(TEIEmbedRequest, raw)
+    ctx.require("/embed", "embedding")
+    check_dimensions(body.dimensions, ctx)
+    tokens = inputs.tokenize_inputs(
+        body.inputs,
+        ctx,
+        truncation(body),
+        "inputs",
+        prompt=prompt_text(ctx.folder, body.prompt_name),
+        direction=body.truncation_direction,
+    )
+    return Prepared(body, tokens)
+
+
+def render_embed(prep: Prepared[TEIEmbedRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+    """A bare list of vectors; normalized unless asked otherwise, as TEI does for every model."""
+    return outputs.to_json(outputs.embeddings(outcome.vectors, prep.body.dimensions, prep.body.normalize))
+
+
+def prepare_embed_all(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedAllRequest]:
+    body = inputs.parse(TEIEmbedAllRequest, raw)
+    ctx.require("/embed_all", "embedding")
+    tokens = inputs.tokenize_inputs(
+        body.inputs,
+        ctx,
+        truncation(body),
+        "inputs",
+        prompt=prompt_text(ctx.folder, body.prompt_name),
+        direction=body.truncation_direction,
+    )
+    return Prepared(body, [t._replace(per_token=True) for t in tokens])
+
+
+def render_embed_all(prep: Prepared[TEIEmbedAllRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+    """Per input, the last hidden state of each of its tokens (special tokens included), as TEI."""
+    return outputs.to_json(list(outcome.vectors))
+
+
+def predict_items(value: str | list[str] | list[list[str]]) -> tuple[list[TextOrPair], bool]:
+    """TEI's predict inputs as texts and pairs, and whether they were one input: a text, or a list
+    of one or two texts (a text, a pair); else a batch of such lists."""
+    if isinstance(value, str):
+        return [value], True
+    if not value:
+        raise inputs.bad_request("'inputs' must not be empty", "inputs")
+    single = all(isinstance(v, str) for v in value)
+    sequences: list[Any] = [value] if single else value
+    items: list[TextOrPair] = []
+    for i, seq in enumerate(sequences):
+        if not isinstance(seq, list) or len(seq) not in (1, 2):
+            where = "inputs" if single else f"inputs[{i}]"
+            raise inputs.bad_request(f"{where} must be a text, [text] or a [text, text] pair", "inputs")
+        items.append((seq[0], seq[1]) if len(seq) == 2 else seq[0])
+    return items, single
+
+
+def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[TEIPredictRequest]:
+    body = inputs.parse(TEIPredictRequest, raw)
+    ctx.require("/predict", *CLASSIFIERS)
+    items, single = predict_items(body.inputs)
+    ctx.admit(len(items), "inputs")
+    limit = inputs.truncation_limit(truncation(body), ctx)
+    direction = body.truncation_direction
+    capped: list[TextOrPair] = []
+    for i, item in enumerate(items):
+        sides = item if isinstance(item, tuple) else (item,)
+        cut = [inputs.capped(text, ctx.folder, f"inputs[{i}]", limit is not None, direction) for text in sides]
+        capped.append((cut[0], cut[1]) if len(cut) == 2 else cut[0])
+    pairs = [item for item in capped if isinstance(item, tuple)]
+    if pairs and len(pairs) == len(capped):  # a cross-encoder's pairs: each distinct text tokenized once
+        tokens = ctx.tokenizers.encode_pairs(pairs, limit, direction)
+    else:
+        tokens = ctx.tokenizers.encode_batch(capped, limit, direction)
+    for i, tok in enumerate(tokens):
+        inputs.check_length(len(tok.input_ids), ctx.folder, f"inputs[{i}]")
+    return Prepared(body, tokens, extra=single)
+
+
+def predictions(prep: Prepared[TEIPredictRequest], outcome: Outcome, ctx: RequestContext) -> list[Any]:
+    """Per input, every label with its score, best first."""
+    raw = prep.body.raw_scores
+    scores = outcome.vectors.astype(np.float64) if raw else outputs.activate(outcome.vectors)
+    return [
+        [{"label": label(ctx, int(j)), "score": float(row[j])} for j in np.argsort(-row, kind="stable")]
+        for row in scores
+    ]
+
+
+def render_predict(prep: Prepared[TEIPredictRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+    """One input's list bare, as TEI answers /predict; a batch as a list of lists."""
+    results = predictions(prep, outcome, ctx)
+    return outputs.to_json(results[0] if prep.extra else results)
+
+
+def render_nested_predict(prep: Prepared[TEIPredictRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+    """POST / always nests, as the Hugging Face Inference API answers text classification."""
+    return outputs.to_json(predictions(prep, outcome, ctx))
+
+
+def prepare_similarity(raw: bytes, ctx: RequestContext) -> Prepared[SimilarityRequest]:
+    body = inputs.parse(SimilarityRequest, raw)
+    ctx.require("/similarity", *score.SCORERS)
+    options = body.parameters or TEIOptions()
+    sentences = body.inputs.sentences
+    if not sentences:
+        raise inputs.bad_request("'inputs.sentences' must not be empty", "inputs.sentences")
+    prompt = prompt_text(ctx.folder, options.prompt_name)
+    tokens, pairs = score.tokenize_pairs(
+        [prompt + body.inputs.source_sentence] * len(sentences),
+        [prompt + s for s in sentences],
+        ctx,
+        truncation(options),
+        ("inputs.source_sentence", "inputs.sentences"),
+        options.truncation_direction,
+    )
+    return Prepared(body, tokens, pairs)
+
+
+def render_similarity(prep: Prepared[SimilarityRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+    return outputs.to_json([float(s) for s in score.pair_scores(outcome.vectors, prep.extra)])
+
+
+def prepare_root(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
+    """POST / by the model's kind, as TEI routes it: an embedding model embeds (or, given
+    {"inputs": {"source_sentence", "sentences"}}, answers similarity), a classifier predicts, a
+    reranker reranks ({"query", "texts"}) or predicts. The inner request's render goes along."""
+    kind = ctx.folder.kind
+    body = inputs.parse_object(raw)
+    prepare: Callable[[bytes, RequestContext], Prepared[Any]]
+    render: Callable[[Prepared[Any], Outcome, RequestContext], bytes]
+    if kind == "embedding":
+        similarity = isinstance(body.get("inputs"), dict)
+        prepare, render = (prepare_similarity, render_similarity) if similarity else (prepare_embed, render_embed)
+    elif kind == "cross-encoder" and "query" in body:
+        prepare, render = score.prepare_rerank, score.render_rerank
+        if "documents" in body:  # the route's answer follows the request's shape
+            raise inputs.bad_request("POST / reranks TEI's shape: name the documents 'texts'", "documents")
+    else:
+        prepare, render = prepare_predict, render_nested_predict
+    inner = prepare(raw, ctx)
+    return Prepared(inner, inner.tokens, render)
+
+
+def render_root(prep: Prepared[Prepared[Any]], outcome: Outcome, ctx: RequestContext) -> bytes:
+    render: Callable[[Prepared[Any], Outcome, RequestContext], bytes] = prep.extra
+    return render(prep.body, outcome, ctx)
+
+
+def info(request: Request) -> dict[str, Any]:
+    """TEI's Info: the model, its kind and the server's limits."""
+    svc = services(request)
+    model = svc.default_model()
+    folder, settings = model.folder, svc.settings
+    if folder.kind == "embedding":
+        model_type: dict[str, Any] = {"embedding": {"pooling": _TEI_POOLING.get(folder.pooling, folder.pooling)}}
+    else:
+        labels = {str(i): label_ for i, label_ in sorted(folder.id2label.items())} or {"0": "LABEL_0"}
+        classes = {"id2label": labels, "label2id": {name: int(i) for i, name in labels.items()}}
+        model_type = {"reranker" if folder.kind == "cross-encoder" else "classifier": classes}
+    return {
+        "model_id": model.name,
+        "model_sha": None,
+        "model_dtype": settings.dtype if settings.dtype != "auto" else "float32",
+        "model_type": model_type,
+        "max_concurrent_requests": settings.admission_permits,
+        "max_input_length": folder.max_model_len,
+        "max_batch_tokens": settings.max_batch_tokens,
+        "max_batch_requests": settings.max_batch_size,
+        "max_client_batch_size": settings.max_inputs_per_request,
+        "auto_truncate": False,
+        "tokenization_workers": settings.executor_threads,
+        "version": metadata.version("warmpool"),
+        "sha": None,
+        "docker_label": None,
+        "prompts": sorted(folder.prompts),
+    }
+
+
+@router.get("/info")
+async def get_info(request: Request) -> Response:
+    with in_shape("tei"):
+        return JSONResponse(info(request))
+
+
+@router.post("/", openapi_extra=openapi_body(TEIEmbedRequest))
+@router.post("/invocations", openapi_extra=openapi_body(TEIEmbedRequest))
+async def root(request: Request) -> Response:
+    return await answer(request, prepare_root, render_root, shape="tei")
+
+
+@router.post("/embed", openapi_extra=openapi_body(TEIEmbedRequest))
+async def embed(request: Request) -> Response:
+    return await answer(request, prepare_embed, render_embed, shape="tei")
+
+
+@router.post("/embed_all", openapi_extra=openapi_body(TEIEmbedAllRequest))
+async def embed_all(request: Request) -> Response:
+    return await answer(request, prepare_embed_all, render_embed_all, shape="tei")
+
+
+@router.post("/predict", openapi_extra=openapi_body(TEIPredictRequest))
+async def predict(request: Request) -> Response:
+    return await answer(request, prepare_predict, render_predict, shape="tei")
+
+
+@router.post("/similarity", openapi_extra=openapi_body(SimilarityRequest))
+async def similarity(request: Request) -> Response:
+    return await answer(request, prepare_similarity, render_similarity, shape="tei")
+
+
+@router.post("/embed_sparse", openapi_extra=openapi_body(TEIEmbedAllRequest))
+async def embed_sparse(request: Request) -> Response:
+    """Sparse (SPLADE) vectors need a masked-LM head and SPLADE pooling, which no model served here has."""
+    error = inputs.bad_request(
+        "/embed_sparse needs a SPLADE model (a masked-LM head with SPLADE pooling); this model "
+        "has none: use /embed for dense vectors"
+    )
+    error.shape = "tei"
+    raise error
