@@ -41,8 +41,15 @@ $(MODEL_DIR)/config.json: | $(STAMP)
 serve: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m orchestrator
 
-test: $(STAMP) $(MODEL_DIR)/config.json
+test: $(STAMP) $(MODEL_DIR)/config.json chromium
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=15 --ignore=tests/container $(PYTEST_ARGS)
+
+# tests/test_status_page.py drives Debian's headless chromium: installed here where it is missing (as root).
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+	  || { echo "make test needs Debian's chromium for the status page test: apt-get install -y chromium (as root)" >&2; exit 1; }
 
 # The in-process layer alone (no server processes): seconds, for the edit-test loop.
 test-unit: $(STAMP) $(MODEL_DIR)/config.json
@@ -56,12 +63,18 @@ lint-code: $(STAMP)
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
-# Offline validators: no Docker engine or cluster needed.
+# Offline validators: no Docker engine or cluster needed. promtool comes from Debian's prometheus
+# package, installed here when missing if we are root with apt-get.
 lint-deploy: $(STAMP) compose-plugin
 	$(VENV)/bin/hadolint docker/Dockerfile docker/ci/standin.Dockerfile
 	$(COMPOSE) config -q
 	$(COMPOSE) -f compose.yaml -f compose.gpu.yaml config -q
 	$(VENV)/bin/kubernetes-validate --strict --quiet deploy/kubernetes/*.yaml deploy/kubernetes/variants/*.yaml
+	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+	  || { echo "lint-deploy: promtool is missing: install it (Debian: apt-get install prometheus) or put it on PATH" >&2; exit 1; }
+	promtool check rules deploy/prometheus/warmpool-alerts.yaml
+	promtool test rules deploy/prometheus/warmpool-alerts.test.yaml
 
 bench: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m bench.load

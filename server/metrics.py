@@ -20,20 +20,29 @@ class _PhaseCollector(Collector):
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        phases = self.snapshot()["phases"]
+        snapshot = self.snapshot()
+        # 1 exactly when /health/ready answers 200: what readiness alerts and panels follow.
+        ready = GaugeMetricFamily("warmpool_ready", "1 while serving (/health/ready 200), else 0")
+        ready.add_metric([], 1.0 if snapshot["status"] == "ready" else 0.0)
+        yield ready
+        phases = snapshot["phases"]
         duration = GaugeMetricFamily(
             "warmpool_startup_phase_duration_seconds",
             "Duration of each startup phase",
             labels=["phase", "state"],
         )
         prefetched = GaugeMetricFamily("warmpool_prefetch_bytes", "Bytes read into the page cache by prefetch")
+        engines_up = GaugeMetricFamily("warmpool_engines_up", "Engines warm and taking work")
         for phase in phases:
             if phase["duration_s"] is not None:
                 duration.add_metric([phase["name"], phase["state"]], phase["duration_s"])
             if phase["name"] == "prefetch":
                 prefetched.add_metric([], phase["detail"].get("bytes_done", 0))
+            if phase["name"] == "engine":
+                engines_up.add_metric([], phase["detail"].get("up", 0))
         yield duration
         yield prefetched
+        yield engines_up
 
 
 class Metrics:

@@ -13,8 +13,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from server.errors import APIError, error_response
 from server.services import Services
 
-OPEN_PATHS = ("/health", "/version", "/metrics")
-QUIET_PATHS = ("/health", "/metrics")  # probes and scrapes log at debug level
+OPEN_PATHS = ("/health", "/version", "/metrics", "/status")
+OPEN_PAGES = ("/",)  # open to GET only (the status page): POST / is an API route and keeps the key
+QUIET_PATHS = ("/health", "/metrics", "/status")  # probes, scrapes and the status page's polls log at debug level
 
 access_log = structlog.get_logger("warmpool.access")
 
@@ -114,14 +115,14 @@ class BodyLimit:
 
 
 class ApiKeyGuard:
-    """Bearer-token check on every route but probes, version and metrics; constant-time compare."""
+    """Bearer-token check on every route but probes, version, metrics and the status page; constant-time compare."""
 
     def __init__(self, app: ASGIApp, key: str) -> None:
         self.app = app
         self.expected = f"Bearer {key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _is_open(scope["path"]):
+        if scope["type"] != "http" or _is_open(scope["path"], scope["method"]):
             await self.app(scope, receive, send)
             return
         given = (_header(scope, b"authorization", limit=None) or "").encode("latin-1")
@@ -133,7 +134,9 @@ class ApiKeyGuard:
         await response(scope, receive, send)
 
 
-def _is_open(path: str) -> bool:
+def _is_open(path: str, method: str) -> bool:
+    if path in OPEN_PAGES and method == "GET":
+        return True
     return any(path == p or path.startswith(p + "/") for p in OPEN_PATHS)
 
 
