@@ -15,7 +15,17 @@ from tests.server_process import ServerProcess
 EXAMPLES_PER_OPERATION = 20
 
 
-TEI_ROUTES = {"/", "/invocations", "/info", "/embed", "/embed_sparse", "/predict", "/similarity", "/decode"}
+TEI_ROUTES = {
+    "/",
+    "/invocations",
+    "/info",
+    "/embed",
+    "/embed_all",
+    "/embed_sparse",
+    "/predict",
+    "/similarity",
+    "/decode",
+}
 COHERE_ROUTES = {"/v1/embed", "/v2/embed", "/v2/rerank"}
 # Routes shared by two surfaces answer in the shape the body speaks: TEI's (`texts`, `inputs`) or the other.
 SHARED = {"/rerank": "texts", "/v1/rerank": "texts", "/tokenize": "inputs"}
