@@ -1,10 +1,12 @@
-"""Cold start: warmpool against a naive sequential server, engine-kill recovery, and prefetch.
+"""Cold start: warmpool against a naive sequential server, engine-kill recovery, prefetch, and the
+cold import of the Python environment with its prefetch on and off (bench/coldimport.py).
 
 Before each run the model's files are evicted from the page cache (posix_fadvise DONTNEED, no
 root needed). Prints medians and ratios measured in this run; never asserts.
 The prefetch part serves from a FUSE mount read-limited like a network volume (bench/slowfs.py;
 needs Debian's fuse3 and PyPI's mfusepy).
 Usage: .venv/bin/python -m bench.coldstart [--runs 3] [--skip-prefetch] [--volume-mb-s 200]
+         [--skip-environment | --environment-only] [--image warmpool:latest] [--disk-mb-s 125 --disk-iops 3000]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from bench import coldimport
 from bench.common import MODEL, ROOT
 from tests.server_process import ServerProcess, free_port, wait_for
 
@@ -130,7 +133,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--skip-prefetch", action="store_true", help="skip the FUSE slow-volume part")
     parser.add_argument("--volume-mb-s", type=float, default=200.0)
+    parser.add_argument("--skip-environment", action="store_true", help="skip the cold-import part")
+    parser.add_argument("--environment-only", action="store_true", help="only the cold-import part")
+    coldimport.add_arguments(parser)
     args = parser.parse_args()
+    if args.environment_only:
+        coldimport.main(args)
+        return
     tmp = Path(tempfile.mkdtemp())
     warm, naive, recoveries = [], [], []
     for i in range(args.runs):
@@ -151,12 +160,17 @@ def main() -> None:
         f"engine kill -9 -> ready again: median {recovery:.2f}s "
         f"({recovery / median(warm, 'ready'):.2f} x warmpool's cold ready)"
     )
-    if args.skip_prefetch:
-        return
+    if not args.skip_prefetch:
+        prefetch_on_a_slow_volume(tmp, args.volume_mb_s)
+    if not args.skip_environment:
+        coldimport.main(args)
+
+
+def prefetch_on_a_slow_volume(tmp: Path, volume_mb_s: float) -> None:
     big = big_model(tmp / "volume" / "big-encoder")
     shutil.copytree(MODEL, tmp / "volume" / MODEL.name)
-    print(f"prefetch on a volume read-limited to {args.volume_mb_s:.0f} MB/s (FUSE), ready in seconds from launch:")
-    with slow_volume(tmp / "volume", tmp / "slow", args.volume_mb_s):
+    print(f"prefetch on a volume read-limited to {volume_mb_s:.0f} MB/s (FUSE), ready in seconds from launch:")
+    with slow_volume(tmp / "volume", tmp / "slow", volume_mb_s):
         for name in (MODEL.name, big.name):
             folder = tmp / "slow" / name
             size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e9

@@ -75,7 +75,12 @@ class Settings(BaseSettings):
         "forkserver", description="How engines start; spawn is the fallback."
     )
 
-    prefetch: Literal["on", "off"] = Field("on", description="Warm the page cache with the model files.")
+    prefetch: Literal["on", "off"] = Field(
+        "on", description="Warm the page cache with the model files (and the environment's, if asked)."
+    )
+    prefetch_environment: Literal["on", "off"] = Field(
+        "off", description="Also prefetch torch's (and numpy's, ...) native libraries: pays on volumes slow per read."
+    )
     prefetch_threads: int = Field(8, ge=1, le=64, description="Prefetch readers (1 for a spinning disk).")
 
     max_restarts: int = Field(5, ge=0, description="Engine restarts allowed within restart_window.")

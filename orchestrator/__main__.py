@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         startup.fail(*refusal)
         time.sleep(settings.fail_linger)
         return 1
-    method = forkserver.start(settings.start_method, startup, forkserver.preload_for(settings.model_path))
-    start_prefetch(settings, startup)
+    preload = forkserver.preload_for(settings.model_path)
+    method = forkserver.start(settings.start_method, startup, preload)
+    start_prefetch(settings, startup, preload)
 
     from orchestrator.lifecycle import run_server  # fastapi, uvicorn, server.*: imported while probes answer
 
@@ -60,14 +61,16 @@ def _refusal(settings: Settings) -> tuple[str, str] | None:
     return None
 
 
-def start_prefetch(settings: Settings, startup: StartupState) -> None:
+def start_prefetch(settings: Settings, startup: StartupState, preload: list[str]) -> None:
     from orchestrator import prefetch
 
     startup.start("prefetch", threads=settings.prefetch_threads)
     prefetch.start(
         settings.model_path,
+        preload,
         settings.prefetch_threads,
         settings.prefetch == "on",
+        settings.prefetch_environment == "on",
         on_progress=lambda d: startup.update("prefetch", **d),
         on_done=lambda d: startup.done("prefetch", **d),
         on_skip=lambda reason: startup.skip("prefetch", reason),

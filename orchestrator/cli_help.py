@@ -27,7 +27,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_restarts",
         "restart_window",
     ),
-    "start-up and shutdown": ("start_method", "prefetch", "prefetch_threads", "drain_timeout", "fail_linger"),
+    "start-up and shutdown": (
+        "start_method",
+        "prefetch",
+        "prefetch_environment",
+        "prefetch_threads",
+        "drain_timeout",
+        "fail_linger",
+    ),
     "security": ("api_key", "api_key_file"),
     "logging": ("log_level", "log_format"),
 }

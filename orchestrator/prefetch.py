@@ -1,8 +1,9 @@
-"""Best-effort page-cache warmer: read the files serving will read, from several threads, before
-the HTTP process and the engine read them.
+"""Best-effort page-cache warmer: read the files start-up is about to read, from several threads,
+before the forkserver and the engine read them: the environment's native libraries (torch's, for
+the forkserver's import; see orchestrator.envfiles), then the model's files.
 
-As vLLM's prefetch does: daemon threads, ~16 MiB sequential reads, skipped when the
-files would not fit in the memory really available; every error is logged and swallowed.
+As vLLM's prefetch does: daemon threads, ~16 MiB sequential reads, skipped when the files would
+not fit in the memory really available; every error is logged and swallowed.
 """
 
 from __future__ import annotations
@@ -12,37 +13,78 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from common.modelfolder import files_to_load
+from orchestrator.envfiles import Extent, environment_extents, packages_for
 from orchestrator.memory import available_bytes
 
 BLOCK = 16 * 1024 * 1024
 MAX_FRACTION_OF_MEMORY = 0.9
+OFF = "disabled (WARMPOOL_PREFETCH=off)"
+ENVIRONMENT_OFF = "disabled (WARMPOOL_PREFETCH_ENVIRONMENT=off)"
 
+Detail = dict[str, Any]
 log = structlog.get_logger("warmpool.prefetch")
 
 
 @dataclass
-class Progress:
-    files: int
-    bytes_total: int
-    bytes_done: int = 0
-    errors: int = 0
-    started: float = 0.0
+class Group:
+    """One kind of files prefetch reads: the environment's or the model's."""
 
-    def as_detail(self) -> dict[str, float | int]:
+    extents: list[Extent]  # in reading order
+    bytes_done: int = 0
+    skipped: str | None = None
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(length for _, _, length in self.extents)
+
+    @property
+    def files(self) -> int:
+        return len({path for path, _, _ in self.extents})
+
+    def as_detail(self) -> Detail:
+        if self.skipped is not None:
+            return {"skipped": self.skipped}
+        return {"files": self.files, "bytes_done": self.bytes_done, "bytes_total": self.bytes_total}
+
+
+@dataclass
+class Progress:
+    environment: Group
+    model: Group
+    errors: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def groups(self) -> list[Group]:
+        """The groups to read, in reading order: the forkserver imports before the engine loads."""
+        return [g for g in (self.environment, self.model) if g.skipped is None]
+
+    def as_detail(self) -> Detail:
+        """Totals over what is read, then each group on its own."""
+        done = sum(g.bytes_done for g in self.groups)
         elapsed = max(time.monotonic() - self.started, 1e-6)
         return {
-            "files": self.files,
-            "bytes_done": self.bytes_done,
-            "bytes_total": self.bytes_total,
-            "mb_per_s": round(self.bytes_done / elapsed / 1e6, 1),
+            "files": sum(g.files for g in self.groups),
+            "bytes_done": done,
+            "bytes_total": sum(g.bytes_total for g in self.groups),
+            "mb_per_s": round(done / elapsed / 1e6, 1),
             "errors": self.errors,
+            "environment": self.environment.as_detail(),
+            "model": self.model.as_detail(),
         }
+
+    def skip_reason(self) -> str | None:
+        """Why nothing is read, or None when something is."""
+        if self.groups:
+            return None
+        return f"environment: {self.environment.skipped}; model: {self.model.skipped}"
 
 
 def model_files(folder: Path) -> list[Path]:
@@ -54,54 +96,77 @@ def model_files(folder: Path) -> list[Path]:
     return [p for p in files_to_load(folder) if p.resolve().is_relative_to(volume)]
 
 
-def skip_reason(files: list[Path], total: int, enabled: bool) -> str | None:
-    if not enabled:
-        return "disabled (WARMPOOL_PREFETCH=off)"
-    if not files or total == 0:
-        return "nothing to read"
-    available = available_bytes()
-    if available is not None and total > MAX_FRACTION_OF_MEMORY * available:
-        return f"model files ({total} B) exceed 90% of available memory ({available} B)"
-    return None
+def plan(environment: list[Extent] | None, model: list[Extent], available: int | None) -> Progress:
+    """What to read (environment None: switched off). The RAM guard: the model's files if they fit
+    in 90% of the memory available, the environment's if they fit beside them (the model first:
+    without it the engine reads the weights cold; without the environment only the import's pages)."""
+    progress = Progress(Group(environment or []), Group(model))
+    limit = MAX_FRACTION_OF_MEMORY * available if available is not None else float("inf")
+    env, weights = progress.environment, progress.model
+    if not weights.bytes_total:
+        weights.skipped = "nothing to read"
+    elif weights.bytes_total > limit:
+        weights.skipped = f"model files ({weights.bytes_total} B) exceed 90% of available memory ({available} B)"
+    if environment is None:
+        env.skipped = ENVIRONMENT_OFF
+    elif not env.bytes_total:
+        env.skipped = "nothing to read"
+    elif env.bytes_total + (weights.bytes_total if weights.skipped is None else 0) > limit:
+        env.skipped = (
+            f"environment files ({env.bytes_total} B) with the model's exceed 90% of available memory ({available} B)"
+        )
+    return progress
 
 
 def start(
     folder: Path,
+    preload: list[str],
     threads: int,
     enabled: bool,
-    on_progress: Callable[[dict[str, float | int]], None],
-    on_done: Callable[[dict[str, float | int]], None],
+    environment: bool,
+    on_progress: Callable[[Detail], None],
+    on_done: Callable[[Detail], None],
     on_skip: Callable[[str], None],
 ) -> None:
-    """Plan the reads and start daemon readers; returns at once."""
-    try:
-        files = model_files(folder) if folder.is_dir() else []
-        total = sum(p.stat().st_size for p in files)
-    except OSError as exc:
-        log.warning("prefetch_listing_failed", error=str(exc))
-        files, total = [], 0
-    reason = skip_reason(files, total, enabled)
+    """Plan the reads and read them on daemon threads; returns at once (planning reads the
+    packages' RECORD files and library headers, so the first reader does it)."""
+    if not enabled:
+        on_skip(OFF)
+        return
+    args = (folder, preload if environment else None, threads, on_progress, on_done, on_skip)
+    threading.Thread(target=_plan_and_read, args=args, name="prefetch-0", daemon=True).start()
+
+
+def _plan_and_read(
+    folder: Path,
+    preload: list[str] | None,
+    threads: int,
+    on_progress: Callable[[Detail], None],
+    on_done: Callable[[Detail], None],
+    on_skip: Callable[[str], None],
+) -> None:
+    progress = plan(_listed(_environment, preload), _listed(_model, folder) or [], available_bytes())
+    reason = progress.skip_reason()
     if reason is not None:
         on_skip(reason)
         return
-    blocks: queue.SimpleQueue[tuple[Path, int, int]] = queue.SimpleQueue()
-    for path in files:
-        size = path.stat().st_size
-        for offset in range(0, size, BLOCK):
-            blocks.put((path, offset, min(BLOCK, size - offset)))
-    progress = Progress(files=len(files), bytes_total=total, started=time.monotonic())
+    blocks: queue.SimpleQueue[tuple[Group, Path, int, int]] = queue.SimpleQueue()
+    for group in progress.groups:
+        for path, start, length in group.extents:
+            for offset in range(start, start + length, BLOCK):
+                blocks.put((group, path, offset, min(BLOCK, start + length - offset)))
     lock = threading.Lock()
     remaining = [min(threads, blocks.qsize())]
 
     def reader() -> None:
         while True:
             try:
-                path, offset, length = blocks.get_nowait()
+                group, path, offset, length = blocks.get_nowait()
             except queue.Empty:
                 break
             read = _read_block(path, offset, length)
             with lock:
-                progress.bytes_done += max(read, 0)
+                group.bytes_done += max(read, 0)
                 progress.errors += read < 0
                 on_progress(progress.as_detail())
         with lock:
@@ -110,8 +175,29 @@ def start(
         if last:
             on_done(progress.as_detail())
 
-    for i in range(remaining[0]):
+    for i in range(1, remaining[0]):
         threading.Thread(target=reader, name=f"prefetch-{i}", daemon=True).start()
+    reader()
+
+
+def _environment(preload: list[str]) -> list[Extent]:
+    return environment_extents(packages_for(preload))
+
+
+def _model(folder: Path) -> list[Extent]:
+    return [(path, 0, path.stat().st_size) for path in model_files(folder)] if folder.is_dir() else []
+
+
+def _listed(lister: Callable[[Any], list[Extent]], arg: Any) -> list[Extent] | None:
+    """lister(arg), [] when listing fails (logged: prefetch is best-effort and must not stop the
+    start); None when arg is None (that group is switched off)."""
+    if arg is None:
+        return None
+    try:
+        return lister(arg)
+    except Exception as exc:
+        log.warning("prefetch_listing_failed", error=str(exc))
+        return []
 
 
 def _read_block(path: Path, offset: int, length: int) -> int:

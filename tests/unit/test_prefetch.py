@@ -1,11 +1,26 @@
-"""Prefetch reads exactly the files serving reads, in order, and never leaves the volume."""
+"""Prefetch reads exactly the files serving reads, in order, and never leaves the volume; before
+them the environment's native libraries the forkserver's import loads, dependencies first; the RAM
+guard and the off switches apply to both."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
+import struct
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from orchestrator.prefetch import model_files
+import pytest
+
+from orchestrator import prefetch
+from orchestrator.elf import dynamic_section, loaded_segments
+from orchestrator.envfiles import environment_extents, environment_files, linked_closure, packages_for
+from orchestrator.forkserver import ENGINE, TRANSFORMERS
+from orchestrator.prefetch import ENVIRONMENT_OFF, OFF, model_files, plan
 
 
 def folder_with(tmp_path: Path, *names: str) -> Path:
@@ -74,3 +89,300 @@ def test_a_hub_snapshot_follows_its_links_into_the_repos_blobs(tmp_path: Path) -
     (snapshot / "config.json").symlink_to(repo / "blobs" / "c0ffee")
     (snapshot / "model.safetensors").symlink_to(repo / "blobs" / "beef")
     assert [p.name for p in model_files(snapshot)] == ["config.json", "model.safetensors"]
+
+
+# The environment: native libraries the forkserver's import loads (orchestrator.envfiles).
+
+
+def write_elf(
+    path: Path, needed: list[str], runpath: str | None = None, rpath: str | None = None, code: int = 0, trailer: int = 0
+) -> Path:
+    """A minimal 64-bit little-endian shared object: a read-only PT_LOAD holding the headers, the
+    string table and the dynamic section (DT_NEEDED entries, an optional DT_RUNPATH/DT_RPATH), an
+    executable PT_LOAD of `code` bytes after it, and `trailer` bytes in no segment (as .symtab)."""
+    strings, at = b"\0", {}
+    for text in [*needed, *(p for p in (runpath, rpath) if p)]:
+        at[text] = len(strings)
+        strings += text.encode() + b"\0"
+    phnum = 3 if code else 2
+    base, strtab = 0x400000, 64 + phnum * 56
+    dynamic_at = (strtab + len(strings) + 7) // 8 * 8
+    entries = [(1, at[name]) for name in needed]
+    entries += [(29, at[runpath])] if runpath else []
+    entries += [(15, at[rpath])] if rpath else []
+    entries += [(5, base + strtab), (10, len(strings)), (0, 0)]
+    dynamic = b"".join(struct.pack("<qQ", tag, value) for tag, value in entries)
+    data_end = dynamic_at + len(dynamic)
+    code_at = (data_end + 4095) // 4096 * 4096
+    header = b"\x7fELF\x02\x01\x01" + bytes(9)
+    header += struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 64, 0, 0, 64, 56, phnum, 64, 0, 0)
+    segments = [(1, 4, 0, base, data_end), (1, 5, code_at, base + code_at, code)][: phnum - 1]
+    segments.append((2, 4, dynamic_at, base + dynamic_at, len(dynamic)))
+    table = b"".join(struct.pack("<IIQQQQQQ", t, f, off, va, va, size, size, 8) for t, f, off, va, size in segments)
+    body = header + table + strings
+    body += bytes(dynamic_at - len(body)) + dynamic
+    body += bytes(code_at - len(body)) + b"\x90" * code if code else b""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(body + bytes(trailer))
+    return path
+
+
+def test_the_dynamic_section_gives_needed_names_and_origin_relative_runpath(tmp_path: Path) -> None:
+    """DT_NEEDED names in order; RUNPATH directories with $ORIGIN and ${ORIGIN} expanded."""
+    lib = write_elf(tmp_path / "pkg" / "a.so", ["libb.so", "libc.so.6"], runpath="$ORIGIN/lib:${ORIGIN}/../x.libs")
+    assert dynamic_section(lib) == (
+        ["libb.so", "libc.so.6"],
+        [tmp_path / "pkg" / "lib", tmp_path / "pkg" / "../x.libs"],
+    )
+
+
+def test_a_file_that_is_not_elf_links_nothing_and_has_no_segments(tmp_path: Path) -> None:
+    """A script or a truncated file is read as linking nothing and mapping nothing (prefetch then
+    reads it whole), without raising."""
+    (tmp_path / "a.so").write_bytes(b"#!/bin/sh\n")
+    (tmp_path / "b.so").write_bytes(b"\x7fELF\x02\x01")
+    assert dynamic_section(tmp_path / "a.so") == dynamic_section(tmp_path / "b.so") == ([], [])
+    assert loaded_segments(tmp_path / "a.so") is loaded_segments(tmp_path / "b.so") is None
+
+
+def test_only_what_the_loader_maps_is_read(tmp_path: Path) -> None:
+    """The read-only and the executable segment, in file order; the trailer no segment holds (as
+    a debugger's symbol table) is not."""
+    lib = write_elf(tmp_path / "lib.so", ["libc.so.6"], code=5000, trailer=7000)
+    segments = loaded_segments(lib)
+    assert segments is not None
+    assert [(s.offset, s.executable) for s in segments] == [(0, False), (4096, True)]
+    assert segments[1].size == 5000 and sum(s.size for s in segments) < lib.stat().st_size - 7000
+
+
+def test_a_closure_lists_dependencies_first_and_leaves_system_libraries_out(tmp_path: Path) -> None:
+    """ext.so -> libtop.so -> libbase.so (and libc, not in the environment): deepest first, the
+    extension last, each once though libbase is linked twice."""
+    lib = tmp_path / "pkg" / "lib"
+    write_elf(lib / "libbase.so", ["libc.so.6"], runpath="$ORIGIN")
+    write_elf(lib / "libtop.so", ["libbase.so", "libc.so.6"], runpath="$ORIGIN")
+    ext = write_elf(tmp_path / "pkg" / "ext.so", ["libtop.so", "libbase.so"], runpath="$ORIGIN/lib")
+    assert [p.name for p in linked_closure(ext)] == ["libbase.so", "libtop.so", "ext.so"]
+
+
+def test_a_library_without_its_own_rpath_is_found_through_the_one_that_linked_it(tmp_path: Path) -> None:
+    """RPATH is inherited: libfortran has none, yet its libquad is found in the directory of the
+    extension's RPATH."""
+    libs = tmp_path / "pkg.libs"
+    write_elf(libs / "libquad.so", [])
+    write_elf(libs / "libfortran.so", ["libquad.so"])
+    ext = write_elf(tmp_path / "pkg" / "ext.so", ["libfortran.so"], rpath="$ORIGIN/../pkg.libs")
+    assert [p.name for p in linked_closure(ext)] == ["libquad.so", "libfortran.so", "ext.so"]
+
+
+def test_torchs_import_closure_is_read_without_its_test_libraries() -> None:
+    """Against the installed torch (never imported): its libraries, libc10 before libtorch_cpu
+    before libtorch_python before torch._C (the order the loader initialises them), and none of
+    the test libraries torch ships but its import does not load."""
+    names = [p.name for p in environment_files(["torch"])]
+    ordered = ["libc10.so", "libtorch_cpu.so", "libtorch.so", "libtorch_python.so"]
+    assert [n for n in names if n in ordered] == ordered
+    assert names[-1].startswith("_C.")
+    assert not [n for n in names if "test" in n]
+
+
+def test_finding_torchs_libraries_does_not_import_it() -> None:
+    """The orchestrator never imports torch, not even to find its files (a fresh interpreter: other
+    tests in this process may have imported it)."""
+    code = (
+        "import sys; from orchestrator.envfiles import environment_files; "
+        "environment_files(['torch']); print(sys.modules.get('torch'))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert result.stdout.strip() == "None"
+
+
+def test_every_librarys_data_is_read_before_any_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loader reads symbols and relocations and writes data before any constructor runs: the
+    non-executable segments of every library (dependencies first), then the code, in that order."""
+    suffix = next(s for s in importlib.machinery.EXTENSION_SUFFIXES if s != ".so")
+    package = tmp_path / "segmented_pkg"
+    (package / "__init__.py").parent.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    write_elf(package / "libdep.so", [], code=100)
+    write_elf(package / f"_ext{suffix}", ["libdep.so"], runpath="$ORIGIN", code=200)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    extents = [(path.name, offset > 0) for path, offset, _ in environment_extents(["segmented_pkg"])]
+    assert extents == [("libdep.so", False), (f"_ext{suffix}", False), ("libdep.so", True), (f"_ext{suffix}", True)]
+
+
+def test_torchs_symbol_tables_for_debuggers_are_not_read() -> None:
+    """Of the installed libtorch_cpu, what the loader maps is read, less than the whole file."""
+    extents = [e for e in environment_extents(["torch"]) if e[0].name == "libtorch_cpu.so"]
+    assert extents and sum(length for _, _, length in extents) < extents[0][0].stat().st_size
+
+
+def test_a_packages_core_extension_comes_before_its_others() -> None:
+    """Within numpy, the extension with the largest closure (_multiarray_umath and the BLAS it
+    links: the one imported first) comes before the rest, which sort before it by name."""
+    extensions = [p.name for p in environment_files(["numpy"]) if ".cpython-" in p.name or ".abi3." in p.name]
+    assert extensions[0].startswith("_multiarray_umath.")
+    assert sorted(extensions)[0] != extensions[0]
+
+
+def test_a_package_without_a_record_is_walked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package on the path with no installed metadata: its extension modules are found where it
+    lies, with what they link, and nothing else of it."""
+    suffix = next(s for s in importlib.machinery.EXTENSION_SUFFIXES if s != ".so")
+    package = tmp_path / "unrecorded_pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    write_elf(package / "lib" / "libdep.so", [])
+    write_elf(package / "sub" / f"_ext{suffix}", ["libdep.so"], runpath="$ORIGIN/../lib")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    files = environment_files(["unrecorded_pkg"])
+    assert [p.relative_to(package.resolve()).as_posix() for p in files] == ["lib/libdep.so", f"sub/_ext{suffix}"]
+
+
+def test_the_packages_follow_the_preload() -> None:
+    """The native engine imports torch (then numpy) and safetensors; the transformers fallback
+    adds tokenizers; spawned engines (no preload) import what the native engine does."""
+    assert packages_for([ENGINE]) == ["torch", "numpy", "safetensors"]
+    assert packages_for([ENGINE, TRANSFORMERS, "transformers.models.bert.modeling_bert"]) == [
+        "torch",
+        "numpy",
+        "safetensors",
+        "tokenizers",
+    ]
+    assert packages_for([]) == packages_for([ENGINE])
+
+
+def test_packages_are_listed_in_import_order_and_a_missing_one_adds_nothing() -> None:
+    """torch's libraries come before numpy's; a package that is not installed is skipped."""
+    files = environment_files(["torch", "not_installed_anywhere", "numpy"])
+    packages = [p.parts for p in files]
+    torch_last = max(i for i, parts in enumerate(packages) if "torch" in parts)
+    numpy_first = min(i for i, parts in enumerate(packages) if "numpy" in parts or "numpy.libs" in parts)
+    assert torch_last < numpy_first
+
+
+# The RAM guard and the off switches apply to both groups.
+
+MB = 1_000_000
+
+
+def sized(name: str, size: int) -> list[tuple[Path, int, int]]:
+    return [(Path(name), 0, size)]
+
+
+def test_the_environment_is_dropped_when_it_would_not_fit_beside_the_model() -> None:
+    """Model 50 MB + environment 50 MB against 100 MB available (limit 90 MB): the model is read,
+    the environment is skipped and says why."""
+    progress = plan(sized("libtorch.so", 50 * MB), sized("model.safetensors", 50 * MB), available=100 * MB)
+    assert progress.groups == [progress.model]
+    assert "exceed 90% of available memory" in str(progress.environment.skipped)
+
+
+def test_the_environment_alone_is_read_when_the_model_is_too_big() -> None:
+    """A model over the limit is skipped (as before); the environment still fits on its own."""
+    progress = plan(sized("libtorch.so", 50 * MB), sized("model.safetensors", 95 * MB), available=100 * MB)
+    assert progress.groups == [progress.environment]
+    assert "model files" in str(progress.model.skipped)
+
+
+def test_both_fit_and_the_environment_is_read_first() -> None:
+    """Under the limit both groups are read, the environment first (the import comes before the load)."""
+    progress = plan(sized("libtorch.so", 40 * MB), sized("model.safetensors", 40 * MB), available=100 * MB)
+    assert progress.groups == [progress.environment, progress.model]
+
+
+def test_nothing_read_gives_the_reason_of_each_group() -> None:
+    """Both groups over the limit: the phase's reason names both."""
+    progress = plan(sized("libtorch.so", 95 * MB), sized("model.safetensors", 95 * MB), available=100 * MB)
+    reason = str(progress.skip_reason())
+    assert reason.startswith("environment: environment files") and "; model: model files" in reason
+
+
+def test_the_environment_switch_leaves_the_model_alone() -> None:
+    """environment None (WARMPOOL_PREFETCH_ENVIRONMENT=off): only the model is read."""
+    progress = plan(None, sized("model.safetensors", 10 * MB), available=None)
+    assert progress.groups == [progress.model]
+    assert progress.environment.skipped == ENVIRONMENT_OFF
+
+
+@dataclass
+class Run:
+    """What one prefetch.start reported: the final detail, or the skip reason."""
+
+    finished: threading.Event = field(default_factory=threading.Event)
+    detail: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None
+    read: list[str] = field(default_factory=list)
+
+    def done(self, detail: dict[str, Any]) -> None:
+        self.detail = detail
+        self.finished.set()
+
+    def skip(self, reason: str) -> None:
+        self.skipped = reason
+        self.finished.set()
+
+
+def run_prefetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enabled: bool = True, environment: bool = True
+) -> Run:
+    """prefetch.start with one reader over a small model folder and two stand-in environment files."""
+    folder = folder_with(tmp_path, "config.json", "model.safetensors")
+    (folder / "model.safetensors").write_bytes(bytes(3000))
+    env = [tmp_path / "env" / "libbase.so", tmp_path / "env" / "libtop.so"]
+    for i, path in enumerate(env):
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(bytes(1000 * (i + 1)))
+    monkeypatch.setattr(prefetch, "_environment", lambda preload: [(p, 0, p.stat().st_size) for p in env])
+    run = Run()
+    real_read = prefetch._read_block
+
+    def recording_read(path: Path, offset: int, length: int) -> int:
+        run.read.append(path.name)
+        return real_read(path, offset, length)
+
+    monkeypatch.setattr(prefetch, "_read_block", recording_read)
+    prefetch.start(folder, [ENGINE], 1, enabled, environment, lambda d: None, run.done, run.skip)
+    assert run.finished.wait(30), "prefetch neither finished nor skipped"
+    return run
+
+
+def test_the_phase_detail_reports_the_environment_and_the_model_separately(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each group's files and bytes, and the totals over both."""
+    detail = run_prefetch(tmp_path, monkeypatch).detail
+    assert detail["environment"] == {"files": 2, "bytes_done": 3000, "bytes_total": 3000}
+    assert detail["model"] == {"files": 2, "bytes_done": 3002, "bytes_total": 3002}
+    assert (detail["files"], detail["bytes_done"], detail["bytes_total"]) == (4, 6002, 6002)
+
+
+def test_the_environment_is_read_before_the_model_in_listed_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one reader: the environment's files as listed, then the model's config, then weights."""
+    run = run_prefetch(tmp_path, monkeypatch)
+    assert run.read == ["libbase.so", "libtop.so", "config.json", "model.safetensors"]
+
+
+def test_the_environment_switch_off_reads_only_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """WARMPOOL_PREFETCH_ENVIRONMENT=off: the model's files are read, the environment says why not."""
+    run = run_prefetch(tmp_path, monkeypatch, environment=False)
+    assert run.read == ["config.json", "model.safetensors"]
+    assert run.detail["environment"] == {"skipped": ENVIRONMENT_OFF}
+
+
+def test_prefetch_off_reads_nothing_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """WARMPOOL_PREFETCH=off switches off both groups: the phase is skipped, nothing is read."""
+    run = run_prefetch(tmp_path, monkeypatch, enabled=False)
+    assert (run.skipped, run.read) == (OFF, [])
+
+
+def test_the_ram_guard_applies_to_the_environment_in_a_real_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With memory for the model (3 kB) but not for the environment beside it, only the model is read."""
+    monkeypatch.setattr(prefetch, "available_bytes", lambda: 5000)
+    run = run_prefetch(tmp_path, monkeypatch)
+    assert run.read == ["config.json", "model.safetensors"]
+    assert "exceed 90% of available memory" in run.detail["environment"]["skipped"]
