@@ -33,6 +33,14 @@ class Settings(BaseSettings):
         description="Model folder, or a Hugging Face repo id resolved offline from HF_HOME.",
     )
     served_model_name: str | None = Field(None, description="Name clients use; default: the folder's name.")
+    models: str | None = Field(
+        None,
+        description="Several models behind one port: FOLDER or NAME=FOLDER, comma-separated, the first "
+        "the default (replaces model and served_model_name).",
+    )
+    on_model_failure: Literal["exit", "serve-others"] = Field(
+        "exit", description="With several models, what a model that fails to start does to the appliance."
+    )
     host: str = Field("127.0.0.1", description="Listen address (0.0.0.0 in the image).")
     port: int = Field(8000, ge=0, le=65535, description="Listen port.")
 
@@ -118,6 +126,27 @@ class Settings(BaseSettings):
     def model_name(self) -> str:
         return self.served_model_name or Path(self.model.rstrip("/")).name
 
+    def per_model(self) -> list[Settings]:
+        """One settings object per served model (just this one without WARMPOOL_MODELS). Engines
+        and their threads are shared out, so all models together use the cores one would."""
+        if not self.models:
+            return [self]
+        entries = [entry.strip() for entry in self.models.split(",") if entry.strip()]
+        engines = self.engines or max(1, self.engine_count // len(entries))
+        threads = max(1, self.engine_threads // len(entries))
+        result = []
+        for entry in entries:
+            model, *options = (part.strip() for part in entry.split(";"))
+            name, folder = model.split("=", 1) if "=" in model else (None, model)
+            update = {"model": folder, "served_model_name": name, "models": None}
+            update |= {"engines": engines, "engine_threads": threads, **_model_options(options, entry)}
+            copy = self.model_validate({**self.model_dump(), **update})
+            result.append(copy)
+        names = [s.model_name for s in result]
+        if len(set(names)) != len(names):
+            raise ValueError(f"WARMPOOL_MODELS serves two models under one name: {names}; name them NAME=FOLDER")
+        return result
+
     @cached_property
     def gpus(self) -> int:
         return visible_gpus()
@@ -174,6 +203,18 @@ class Settings(BaseSettings):
                 raise ApiKeyError(f"WARMPOOL_API_KEY_FILE {self.api_key_file} is empty: refusing to serve without it")
             return key
         return None
+
+
+# What one model of several may set for itself: `NAME=FOLDER;engines=1;dtype=bfloat16`.
+PER_MODEL = ("engines", "dtype", "max_batch_tokens", "max_batch_size")
+
+
+def _model_options(options: list[str], entry: str) -> dict[str, str]:
+    pairs = [option.split("=", 1) for option in options if option]
+    unknown = [pair[0] for pair in pairs if len(pair) != 2 or pair[0] not in PER_MODEL]
+    if unknown:
+        raise ValueError(f"WARMPOOL_MODELS entry {entry!r}: {unknown} cannot be set per model (only {PER_MODEL})")
+    return dict(pairs)  # type: ignore[arg-type]
 
 
 class ApiKeyError(ValueError):

@@ -12,6 +12,8 @@ from typing import Any, Literal
 import structlog
 
 PHASES = ("bind", "prefetch", "forkserver", "engine", "warmup", "ready")
+SHARED_PHASES = ("bind", "forkserver")  # one for the appliance; with several models, the rest are per model
+MODEL_PHASES = ("prefetch", "engine", "warmup", "ready")
 State = Literal["pending", "running", "done", "skipped", "failed"]
 
 log = structlog.get_logger("warmpool.phases")
@@ -42,18 +44,20 @@ class Phase:
     started_s: float | None = None
     duration_s: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None  # the model this phase belongs to, with several models
 
     def as_dict(self) -> dict[str, Any]:
         duration = self.duration_s
         if self.state == "running" and self.started_s is not None:
             duration = uptime() - self.started_s
-        return {
+        record = {
             "name": self.name,
             "state": self.state,
             "started_s": _round(self.started_s),
             "duration_s": _round(duration),
             "detail": dict(self.detail),
         }
+        return record if self.model is None else {**record, "model": self.model}
 
 
 def _round(value: float | None) -> float | None:
@@ -61,13 +65,50 @@ def _round(value: float | None) -> float | None:
 
 
 class StartupState:
-    """Thread-safe phase table; startup threads write it, HTTP handlers read it."""
+    """Thread-safe phase table; startup threads write it, HTTP handlers read it.
 
-    def __init__(self) -> None:
+    With several models (`models`), each has its own prefetch, engine, warmup and ready phases,
+    named `engine:NAME`, written through its ModelPhases; `ready` is done once every model is."""
+
+    def __init__(self, models: list[str] | None = None, tolerate_model_failures: bool = False) -> None:
         self._lock = threading.Lock()
-        self._phases = {name: Phase(name) for name in PHASES}
+        self.models = list(models or [])
+        self.tolerate_model_failures = tolerate_model_failures
+        if len(self.models) > 1:
+            per_model = [Phase(f"{p}:{m}", model=m) for m in self.models for p in MODEL_PHASES]
+            names = [Phase("bind"), Phase("forkserver"), *per_model, Phase("ready")]
+            self._phases = {phase.name: phase for phase in names}
+        else:
+            self._phases = {name: Phase(name) for name in PHASES}
         self.draining = False
-        self.engine_up = False
+        self._up: dict[str, bool] = {}  # per model (the one model: ""), whether an engine can serve
+
+    @property
+    def engine_up(self) -> bool:
+        """Every model that has not failed has an engine that can serve."""
+        with self._lock:
+            return bool(self._up) and all(self._up.values())
+
+    @engine_up.setter
+    def engine_up(self, up: bool) -> None:
+        self.set_up("", up)
+
+    def set_up(self, model: str, up: bool) -> None:
+        with self._lock:
+            self._up[model] = up
+
+    def model_up(self, model: str) -> bool:
+        with self._lock:
+            return self._up.get(model, False)
+
+    @property
+    def any_engine_up(self) -> bool:
+        with self._lock:
+            return any(self._up.values())
+
+    def for_model(self, model: str) -> ModelPhases:
+        """The phases one model's prefetch, supervisor and boot write."""
+        return ModelPhases(self, model, len(self.models) > 1)
 
     def start(self, name: str, **detail: Any) -> None:
         self._move(name, "running", detail, start=True)
@@ -85,10 +126,19 @@ class StartupState:
         self._move(name, "skipped", {"reason": reason, **detail})
 
     def fail(self, name: str, error: str, **detail: Any) -> None:
-        """`name` failed; every phase still pending or running is skipped: the start stops here."""
+        """`name` failed; every phase still pending or running is skipped: the start stops here
+        (only that model's phases, for a model's phase when model failures are tolerated)."""
         self._move(name, "failed", {"error": error, **detail})
         with self._lock:
-            rest = [p.name for p in self._phases.values() if p.state in ("pending", "running")]
+            model = self._phases[name].model
+            alone = self.tolerate_model_failures and model is not None
+            if alone:
+                self._up.pop(str(model), None)
+            rest = [
+                p.name
+                for p in self._phases.values()
+                if p.state in ("pending", "running") and (not alone or p.model == model)
+            ]
         for other in rest:
             self.skip(other, f"start failed in phase '{name}'")
 
@@ -120,12 +170,28 @@ class StartupState:
 
     @property
     def failed(self) -> bool:
+        """The appliance failed: a shared phase did, or (unless model failures are tolerated) any
+        phase did, or every model did."""
         with self._lock:
-            return any(p.state == "failed" for p in self._phases.values())
+            failed = [p for p in self._phases.values() if p.state == "failed"]
+            if not self.tolerate_model_failures or not self.models:
+                return bool(failed)
+            lost = {p.model for p in failed}
+            return None in lost or lost >= set(self.models)
+
+    def model_failed(self, model: str) -> bool:
+        with self._lock:
+            return any(p.state == "failed" and p.model == model for p in self._phases.values())
 
     @property
     def started(self) -> bool:
         return self.state("ready") == "done"
+
+    @property
+    def accepting(self) -> bool:
+        """Some model can take work (it is ready and one of its engines is up), and we are
+        neither draining nor failed: traffic for a ready model flows while another still starts."""
+        return self.any_engine_up and not self.draining and not self.failed
 
     @property
     def serving(self) -> bool:
@@ -163,3 +229,57 @@ class StartupState:
         with self._lock:
             phases = [p.as_dict() for p in self._phases.values()]
         return {"status": self.status(), "uptime_s": round(uptime(), 4), "phases": phases}
+
+
+class ModelPhases:
+    """One model's view of the phase table: `engine` means `engine:NAME` with several models and
+    `engine` with one; the shared phases (bind, forkserver) are the appliance's."""
+
+    def __init__(self, state: StartupState, model: str, several: bool) -> None:
+        self.state_table = state
+        self.model = model
+        self._several = several
+        self._up_key = model if several else ""
+
+    def key(self, name: str) -> str:
+        return f"{name}:{self.model}" if self._several and name not in SHARED_PHASES else name
+
+    def start(self, name: str, **detail: Any) -> None:
+        if name in SHARED_PHASES and self.state_table.state(name) != "pending":
+            self.state_table.update(name, **detail)  # another model's start got there first
+            return
+        self.state_table.start(self.key(name), **detail)
+
+    def update(self, name: str, **detail: Any) -> None:
+        self.state_table.update(self.key(name), **detail)
+
+    def done(self, name: str, **detail: Any) -> None:
+        if name in SHARED_PHASES and self.state_table.state(name) == "done":
+            self.state_table.update(name, **detail)
+            return
+        self.state_table.done(self.key(name), **detail)
+
+    def skip(self, name: str, reason: str, **detail: Any) -> None:
+        self.state_table.skip(self.key(name), reason, **detail)
+
+    def fail(self, name: str, error: str, **detail: Any) -> None:
+        self.state_table.fail(self.key(name), error, **detail)
+
+    def state(self, name: str) -> State:
+        return self.state_table.state(self.key(name))
+
+    @property
+    def engine_up(self) -> bool:
+        return self.state_table.model_up(self._up_key)
+
+    @engine_up.setter
+    def engine_up(self, up: bool) -> None:
+        self.state_table.set_up(self._up_key, up)
+
+    @property
+    def failed(self) -> bool:
+        return self.state_table.model_failed(self.model) if self._several else self.state_table.failed
+
+    @property
+    def draining(self) -> bool:
+        return self.state_table.draining

@@ -24,7 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator import binding, forkserver, logs
 
     logs.configure(settings.log_level, settings.log_format)
-    startup = StartupState()
+    try:
+        models = settings.per_model()
+    except ValueError as exc:
+        print(f"warmpool: {exc}", file=sys.stderr)
+        return 2
+    several = [m.model_name for m in models] if settings.models else None
+    startup = StartupState(several, tolerate_model_failures=settings.on_model_failure == "serve-others")
     startup.start("bind")
     try:
         sock = binding.bind(settings.host, settings.port)
@@ -38,13 +44,13 @@ def main(argv: list[str] | None = None) -> int:
         startup.fail(*refusal)
         time.sleep(settings.fail_linger)
         return 1
-    preload = forkserver.preload_for(settings.model_path)
+    preload = list(dict.fromkeys(module for m in models for module in forkserver.preload_for(m.model_path)))
     method = forkserver.start(settings.start_method, startup, preload)
-    start_prefetch(settings, startup, preload)
+    start_prefetch(models, startup, preload)
 
     from orchestrator.lifecycle import run_server  # fastapi, uvicorn, server.*: imported while probes answer
 
-    return run_server(settings, startup, sock, early, method)
+    return run_server(settings, models, startup, sock, early, method)
 
 
 def _refusal(settings: Settings) -> tuple[str, str] | None:
@@ -61,20 +67,38 @@ def _refusal(settings: Settings) -> tuple[str, str] | None:
     return None
 
 
-def start_prefetch(settings: Settings, startup: StartupState, preload: list[str]) -> None:
+def start_prefetch(models: list[Settings], startup: StartupState, preload: list[str]) -> None:
+    """Each model's files in turn, in the configured order (the environment with the first): the
+    first model's bytes are not shared with the second's reads."""
     from orchestrator import prefetch
 
-    startup.start("prefetch", threads=settings.prefetch_threads)
-    prefetch.start(
-        settings.model_path,
-        preload,
-        settings.prefetch_threads,
-        settings.prefetch == "on",
-        settings.prefetch_environment == "on",
-        on_progress=lambda d: startup.update("prefetch", **d),
-        on_done=lambda d: startup.done("prefetch", **d),
-        on_skip=lambda reason: startup.skip("prefetch", reason),
-    )
+    def run(index: int) -> None:
+        if index == len(models):
+            return
+        settings = models[index]
+        phases = startup.for_model(settings.model_name)
+
+        def done(detail: prefetch.Detail) -> None:
+            phases.done("prefetch", **detail)
+            run(index + 1)
+
+        def skip(reason: str) -> None:
+            phases.skip("prefetch", reason)
+            run(index + 1)
+
+        phases.start("prefetch", threads=settings.prefetch_threads)
+        prefetch.start(
+            settings.model_path,
+            preload,
+            settings.prefetch_threads,
+            settings.prefetch == "on",
+            index == 0 and settings.prefetch_environment == "on",
+            on_progress=lambda d: phases.update("prefetch", **d),
+            on_done=done,
+            on_skip=skip,
+        )
+
+    run(0)
 
 
 if __name__ == "__main__":

@@ -18,10 +18,11 @@ import uvicorn
 
 from common.modelfolder import ModelError, ModelFolder, read_model_folder
 from common.settings import Settings
-from common.startup import StartupState
+from common.startup import ModelPhases, StartupState
 from orchestrator.binding import EarlyResponder
 from orchestrator.forkserver import StartMethod
 from orchestrator.supervisor import EngineStartError, EngineSupervisor
+from server.admission import Admission
 from server.app import create_app, with_middleware
 from server.engine_client import BatchStats, EngineClient
 from server.header_timeout import with_header_timeout
@@ -35,15 +36,16 @@ class EngineWiring:
     """Connects one model's engine client and its supervisor, which know nothing of each other:
     the client's events go to the supervisor and the metrics, the supervisor's to the client."""
 
-    def __init__(self, services: Services, on_fatal: Callable[[str], None]) -> None:
+    def __init__(self, services: Services, phases: ModelPhases, on_fatal: Callable[[str], None]) -> None:
         self.services = services
+        self.phases = phases
         self.on_fatal = on_fatal
         self.client: EngineClient | None = None
         self.supervisor: EngineSupervisor | None = None
 
     # EngineEvents (engine client, on its reader threads)
     def batch_done(self, stats: BatchStats) -> None:
-        self.services.batch_done(stats)
+        self.services.batch_done(self.phases.model, stats)
 
     def engine_lost(self, slot: int) -> None:
         assert self.supervisor is not None
@@ -51,7 +53,7 @@ class EngineWiring:
 
     def engine_stalled(self, slot: int, seconds: float) -> None:
         assert self.supervisor is not None
-        self.services.metrics.stalls.inc()
+        self.services.metrics.stalls.labels(model=self.phases.model).inc()
         self.supervisor.kill(slot, f"no answer for {seconds:.1f} s with work outstanding", seconds)
 
     # SupervisorEvents (supervisor threads)
@@ -60,11 +62,11 @@ class EngineWiring:
         if self.client.stall_timeout_s is None:  # the first engine's warm-up sizes the watchdog
             timeout = self.services.settings.stall_timeout(float(warmup.get("ms_per_token", 0.0)))
             self.client.stall_timeout_s = timeout
-            self.services.startup.update("engine", stall_timeout_s=round(timeout, 1))
+            self.phases.update("engine", stall_timeout_s=round(timeout, 1))
         self.client.attach(slot, conn)
 
     def engine_restarted(self, slot: int) -> None:
-        self.services.metrics.restarts.inc()
+        self.services.metrics.restarts.labels(model=self.phases.model).inc()
 
     def gave_up(self, reason: str) -> None:
         assert self.client is not None
@@ -76,12 +78,13 @@ class LifecycleServer(uvicorn.Server):
     """uvicorn's server that also boots the engines after it starts, drains on SIGTERM/SIGINT and
     keeps a failed start readable for fail_linger seconds before exiting 1."""
 
-    def __init__(self, config: uvicorn.Config, services: Services, method: StartMethod) -> None:
+    def __init__(self, config: uvicorn.Config, services: Services, method: StartMethod, models: list[Settings]) -> None:
         super().__init__(config)
         self.services = services
         self.method = method
+        self.models = models  # one settings object per served model, in the configured order
         self.exit_code = 0
-        self.wiring: EngineWiring | None = None
+        self.wirings: list[EngineWiring] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -97,16 +100,29 @@ class LifecycleServer(uvicorn.Server):
         task.add_done_callback(self._tasks.discard)
 
     async def boot(self) -> None:
-        svc, startup, settings = self.services, self.services.startup, self.services.settings
+        """Every model boots at once, each on its own phases; each serves as soon as it is ready."""
+        startup = self.services.startup
+        booted = await asyncio.gather(*(self.boot_model(settings) for settings in self.models))
+        if len(self.models) > 1 and any(booted) and not startup.failed and not self._draining:
+            startup.start("ready")
+            startup.done("ready", models=[s.model_name for s, ok in zip(self.models, booted, strict=True) if ok])
+        if any(booted):
+            log.info("ready", summary=startup.summary())
+
+    async def boot_model(self, settings: Settings) -> bool:
+        """One model: its tokenizer here, its engines forked; True once it serves."""
+        svc, name = self.services, settings.model_name
+        phases = svc.startup.for_model(name)
         loop = asyncio.get_running_loop()
 
         def on_fatal(reason: str) -> None:  # called from the supervisor thread
-            loop.call_soon_threadsafe(self._spawn, self.fail(reason))
+            loop.call_soon_threadsafe(self._spawn, self.model_lost(name, reason))
 
-        wiring = self.wiring = EngineWiring(svc, on_fatal)
+        wiring = EngineWiring(svc, phases, on_fatal)
+        self.wirings.append(wiring)
         wiring.client = EngineClient(loop, svc.executor, wiring)
-        wiring.supervisor = EngineSupervisor(settings, startup, self.method, wiring)
-        engine_started = asyncio.wrap_future(_in_thread(wiring.supervisor.start_engines, "engine-start"))
+        wiring.supervisor = EngineSupervisor(settings, phases, self.method, wiring)
+        engine_started = asyncio.wrap_future(_in_thread(wiring.supervisor.start_engines, f"engine-start-{name}"))
         try:
             folder, tokenizers = await svc.off_loop(_load_model_side, settings.model_path)
             await engine_started
@@ -114,15 +130,25 @@ class LifecycleServer(uvicorn.Server):
             wiring.supervisor.abort()  # no engine is forked for a model that failed
             engine_started.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it now
             if not self._draining:
-                failed = "warmup" if startup.state("warmup") == "running" else "engine"
+                failed = "warmup" if phases.state("warmup") == "running" else "engine"
                 message = str(exc) if isinstance(exc, ModelError | EngineStartError) else repr(exc)
-                startup.fail(failed, message)
-                await self.fail(message)
-            return
-        svc.models[settings.model_name] = ServedModel(settings.model_name, folder, tokenizers, wiring.client)
-        startup.start("ready")
-        startup.done("ready", model=settings.model_name, kind=folder.kind)
-        log.info("ready", summary=startup.summary())
+                phases.fail(failed, message)
+                await self.model_lost(name, message)
+            return False
+        admission = Admission(settings.admission_permits) if len(self.models) > 1 else None
+        svc.models[name] = ServedModel(name, folder, tokenizers, wiring.client, admission)
+        phases.start("ready")
+        phases.done("ready", model=name, kind=folder.kind)
+        return True
+
+    async def model_lost(self, name: str, reason: str) -> None:
+        """A model failed to start or ran out of restarts: the appliance fails (exits after the
+        linger), unless other models serve on and model failures are tolerated."""
+        self.services.models.pop(name, None)
+        if self.services.startup.failed:
+            await self.fail(reason)
+        else:
+            log.error("model_failed", model=name, reason=reason, serving=list(self.services.models))
 
     async def fail(self, reason: str) -> None:
         """Keep /health/startup up for fail_linger seconds so people can read why, then exit 1."""
@@ -148,12 +174,12 @@ class LifecycleServer(uvicorn.Server):
         self.should_exit = True
 
     async def shutdown_engines(self) -> None:
-        """Pending inputs are answered 503, then engines and the forkserver stop."""
-        wiring = self.wiring
-        if wiring is not None and wiring.client is not None:
-            wiring.client.stop()
-        if wiring is not None and wiring.supervisor is not None:
-            await asyncio.wrap_future(_in_thread(wiring.supervisor.stop, "engine-stop"))
+        """Pending inputs are answered 503, then every model's engines stop."""
+        for wiring in self.wirings:
+            if wiring.client is not None:
+                wiring.client.stop()
+        stops = [w.supervisor.stop for w in self.wirings if w.supervisor is not None]
+        await asyncio.gather(*(asyncio.wrap_future(_in_thread(stop, "engine-stop")) for stop in stops))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining or self._loop is None:
@@ -167,7 +193,8 @@ class LifecycleServer(uvicorn.Server):
 
 def _load_model_side(path: Path) -> tuple[ModelFolder, TokenizerPool]:
     """What the HTTP process needs of the model: its config and its tokenizer (no weights)."""
-    return read_model_folder(path), TokenizerPool(path)
+    folder = read_model_folder(path)
+    return folder, TokenizerPool(path, folder.pair_template)
 
 
 def _in_thread(fn: Callable[[], None], name: str) -> Future[None]:
@@ -187,6 +214,7 @@ def _in_thread(fn: Callable[[], None], name: str) -> Future[None]:
 
 def run_server(
     settings: Settings,
+    models: list[Settings],
     startup: StartupState,
     sock: socket.socket,
     early: EarlyResponder,
@@ -195,6 +223,7 @@ def run_server(
     """Serve on the bound socket until drained or failed; the exit code for the process."""
     executor = ThreadPoolExecutor(settings.executor_threads, thread_name_prefix="warmpool-exec")
     svc = Services(settings=settings, startup=startup, executor=executor)
+    svc.configured = [m.model_name for m in models]
     config = uvicorn.Config(
         with_middleware(create_app(svc)),
         log_config=None,
@@ -207,7 +236,7 @@ def run_server(
         timeout_graceful_shutdown=1,
     )
     config.load()
-    server = LifecycleServer(config, svc, method)
+    server = LifecycleServer(config, svc, method, models)
     early.stop()
     server.run(sockets=[sock])
     executor.shutdown(wait=False, cancel_futures=True)

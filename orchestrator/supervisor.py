@@ -20,7 +20,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from common.devices import engine_device
 from common.settings import Settings
-from common.startup import StartupState
+from common.startup import ModelPhases
 from common.wire import EngineSpec, Msg
 from engine import entry
 from orchestrator import forkserver
@@ -58,9 +58,7 @@ class SupervisorEvents(Protocol):
 class EngineSupervisor:
     """`settings.engine_count` engine processes from one forkserver, each restarted on its own when it dies."""
 
-    def __init__(
-        self, settings: Settings, startup: StartupState, method: StartMethod, events: SupervisorEvents
-    ) -> None:
+    def __init__(self, settings: Settings, startup: ModelPhases, method: StartMethod, events: SupervisorEvents) -> None:
         self.settings = settings
         self.startup = startup
         self.method = method

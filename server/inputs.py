@@ -65,6 +65,8 @@ class RequestContext:
     admitted: int = 0
     abandoned: bool = False  # the request was answered while prepare still ran: take no more permits
     shape: Shape = "openai"  # the surface the request speaks: its errors leave in that shape
+    configured: tuple[str, ...] = ()  # every model's name, ready or not
+    chosen: bool = False  # the request named its model: no other is picked for it
 
     @property
     def folder(self) -> ModelFolder:
@@ -79,20 +81,48 @@ class RequestContext:
         return self.model.name
 
     def select_model(self, name: str | None) -> None:
-        """The model a request's `model` field names (the default when it names none), else 404."""
-        if name is None or name == self.model.name:
+        """The model a request's `model` field names (the default when it names none); 404 for a
+        name not served, 503 for a model still starting."""
+        if name is None:
+            return
+        self.chosen = True
+        if name == self.model.name:
             return
         if name not in self.served:
-            served = ", ".join(f"'{n}'" for n in self.served)
+            if name in self.configured:
+                raise APIError(503, f"model '{name}' is starting", code="not_ready", headers={"Retry-After": "1"})
+            served = ", ".join(f"'{n}'" for n in self.configured or self.served)
             raise APIError(
                 404,
                 f"model '{name}' does not exist; this server serves {served}",
                 param="model",
                 code="model_not_found",
             )
-        self.model = self.served[name]
+        self._use(self.served[name])
+
+    def _use(self, model: ServedModel) -> None:
+        """Another model serves the request: the permits held move to its admission pool (with
+        several models each has its own, so a flood on one cannot starve the others)."""
+        pool = model.admission or self.admission
+        if pool is not self.admission and self.admission is not None and pool is not None:
+            held, self.admitted = self.admitted, 0
+            self.admission.release(held)
+            self.admission = pool
+            taken = pool.try_acquire(held)
+            if taken is None:
+                raise overloaded()
+            self.admitted = taken
+        self.model = model
 
     def require(self, route: str, *kinds: str) -> None:
+        """The model must serve `route`. A request that named no model goes to the first model (in
+        the configured order) of the first of `kinds` served (a reranker before an embedder for
+        /rerank): TEI's routes name no model."""
+        if not self.chosen and len(self.served) > 1:
+            order = [self.served[n] for n in self.configured if n in self.served] or list(self.served.values())
+            fit = next((m for kind in kinds for m in order if m.folder.kind == kind), None)
+            if fit is not None and fit is not self.model:
+                self._use(fit)
         require_kind(self.folder, route, *kinds)
 
     def admit(self, inputs: int, field: str = "input") -> None:

@@ -16,8 +16,9 @@ BATCH_TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 class _PhaseCollector(Collector):
-    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], default_model: Callable[[], str]) -> None:
         self.snapshot = snapshot
+        self.default_model = default_model  # the one model's name: its phases carry none
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snapshot = self.snapshot()
@@ -31,24 +32,27 @@ class _PhaseCollector(Collector):
             "Duration of each startup phase",
             labels=["phase", "state"],
         )
-        prefetched = GaugeMetricFamily("warmpool_prefetch_bytes", "Bytes read into the page cache by prefetch")
-        engines_up = GaugeMetricFamily("warmpool_engines_up", "Engines warm and taking work")
+        prefetched = GaugeMetricFamily(
+            "warmpool_prefetch_bytes", "Bytes read into the page cache by prefetch", labels=["model"]
+        )
+        engines_up = GaugeMetricFamily("warmpool_engines_up", "Engines warm and taking work", labels=["model"])
         for phase in phases:
             if phase["duration_s"] is not None:
                 duration.add_metric([phase["name"], phase["state"]], phase["duration_s"])
-            if phase["name"] == "prefetch":
-                prefetched.add_metric([], phase["detail"].get("bytes_done", 0))
-            if phase["name"] == "engine":
-                engines_up.add_metric([], phase["detail"].get("up", 0))
+            kind, model = phase["name"].split(":")[0], phase.get("model") or self.default_model()
+            if kind == "prefetch":
+                prefetched.add_metric([model], phase["detail"].get("bytes_done", 0))
+            if kind == "engine":
+                engines_up.add_metric([model], phase["detail"].get("up", 0))
         yield duration
         yield prefetched
         yield engines_up
 
 
 class Metrics:
-    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], default_model: Callable[[], str] = str) -> None:
         self.registry = registry = CollectorRegistry()
-        registry.register(_PhaseCollector(snapshot))
+        registry.register(_PhaseCollector(snapshot, default_model))
         self.requests = Histogram(
             "warmpool_request_duration_seconds",
             "HTTP request latency",
@@ -59,6 +63,7 @@ class Metrics:
         self.queue_time = Histogram(
             "warmpool_queue_time_seconds",
             "Time inputs waited for the engine",
+            ["model"],
             buckets=SECONDS,
             registry=registry,
         )
@@ -71,15 +76,17 @@ class Metrics:
         self.inference_time = Histogram(
             "warmpool_inference_time_seconds",
             "Engine forward time per request",
+            ["model"],
             buckets=SECONDS,
             registry=registry,
         )
         self.batch_size = Histogram(
-            "warmpool_batch_size", "Inputs per engine forward pass", buckets=BATCH_SIZES, registry=registry
+            "warmpool_batch_size", "Inputs per engine forward pass", ["model"], buckets=BATCH_SIZES, registry=registry
         )
         self.batch_tokens = Histogram(
             "warmpool_batch_tokens",
             "Tokens per engine forward pass (with padding, where the backend pads)",
+            ["model"],
             buckets=BATCH_TOKENS,
             registry=registry,
         )
@@ -92,10 +99,13 @@ class Metrics:
         self.rejections = Counter(
             "warmpool_rejections_total", "Requests refused before any work", ["reason"], registry=registry
         )
-        self.restarts = Counter("warmpool_engine_restarts_total", "Engines re-forked after a crash", registry=registry)
+        self.restarts = Counter(
+            "warmpool_engine_restarts_total", "Engines re-forked after a crash", ["model"], registry=registry
+        )
         self.stalls = Counter(
             "warmpool_engine_stalls_total",
             "Engines killed for answering nothing with work outstanding (then re-forked)",
+            ["model"],
             registry=registry,
         )
         self.disconnects = Counter(

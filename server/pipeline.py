@@ -68,7 +68,10 @@ class Timings:
 
 def request_context(svc: Services) -> RequestContext:
     """A context on the default model (a request's `model` field may select another); 503 if not serving."""
-    return RequestContext(svc.default_model(), svc.models, svc.settings, svc.admission)
+    model = svc.default_model()
+    return RequestContext(
+        model, svc.models, svc.settings, model.admission or svc.admission, configured=tuple(svc.configured)
+    )
 
 
 async def read_body(request: Request, svc: Services) -> bytes:
@@ -235,8 +238,8 @@ async def run_on_engine(
         timer.cancel()
     timings.queue_ms = outcome.queue_ms
     timings.inference_ms = outcome.inference_ms
-    svc.metrics.queue_time.observe(outcome.queue_ms / 1000)
-    svc.metrics.inference_time.observe(outcome.inference_ms / 1000)
+    svc.metrics.queue_time.labels(model=model.name).observe(outcome.queue_ms / 1000)
+    svc.metrics.inference_time.labels(model=model.name).observe(outcome.inference_ms / 1000)
     return outcome
 
 

@@ -32,6 +32,7 @@ class ServedModel:
     folder: ModelFolder
     tokenizers: TokenizerPool
     engine: EngineClient
+    admission: Admission | None = None  # its own permits, with several models; else the server's
 
 
 @dataclass
@@ -39,21 +40,24 @@ class Services:
     settings: Settings
     startup: StartupState
     executor: ThreadPoolExecutor
-    models: dict[str, ServedModel] = field(default_factory=dict)  # in the order they were configured
+    models: dict[str, ServedModel] = field(default_factory=dict)  # those ready to serve
+    configured: list[str] = field(default_factory=list)  # every model's name, the default first
     in_flight: int = 0  # HTTP requests being answered; draining waits for 0
     admission: Admission = field(init=False)
     metrics: Metrics = field(init=False)
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.settings.admission_permits)
-        self.metrics = Metrics(self.startup.snapshot)
-        self.metrics.in_flight.set_function(lambda: self.admission.used)
+        self.metrics = Metrics(self.startup.snapshot, lambda: self.configured[0] if self.configured else "")
+        self.metrics.in_flight.set_function(
+            lambda: self.admission.used + sum(m.admission.used for m in self.models.values() if m.admission)
+        )
         self.metrics.queue_depth.set_function(lambda: sum(m.engine.queued_inputs for m in self.models.values()))
 
-    def batch_done(self, stats: BatchStats) -> None:
-        """Batch statistics from an engine client (on its reader thread) into the metrics."""
-        self.metrics.batch_size.observe(stats.batch_size)
-        self.metrics.batch_tokens.observe(stats.batch_tokens)
+    def batch_done(self, model: str, stats: BatchStats) -> None:
+        """Batch statistics from a model's engine client (on its reader thread) into the metrics."""
+        self.metrics.batch_size.labels(model=model).observe(stats.batch_size)
+        self.metrics.batch_tokens.labels(model=model).observe(stats.batch_tokens)
 
     async def off_loop(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """fn on the executor (parsing, tokenizing, response building): the loop stays free."""
@@ -61,11 +65,13 @@ class Services:
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
     def default_model(self) -> ServedModel:
-        """The first configured model, or 503 while starting, recovering or draining."""
-        if not self.startup.serving or not self.models:
+        """The first configured model that serves (the first ready one while it starts), or 503
+        while none can: starting, recovering, draining. A request naming another model selects it."""
+        if not self.startup.accepting or not self.models:
             self.metrics.rejections.labels(reason=self.startup.status()).inc()
             raise self.unavailable()
-        return next(iter(self.models.values()))
+        name = next((n for n in self.configured if n in self.models), None)
+        return self.models[name] if name is not None else next(iter(self.models.values()))
 
     def unavailable(self, message: str | None = None) -> APIError:
         """503 with Retry-After, saying which state or phase holds the server up."""

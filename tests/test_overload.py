@@ -101,7 +101,7 @@ def test_metrics_move_by_exactly_the_requests_made(server: ServerProcess) -> Non
         "warmup",
         "ready",
     }
-    assert after[("warmpool_prefetch_bytes", ())] > 80_000_000
+    assert after[("warmpool_prefetch_bytes", (("model", "all-MiniLM-L6-v2"),))] > 80_000_000
 
 
 def test_disconnected_client_inputs_never_run(server: ServerProcess) -> None:

@@ -26,9 +26,19 @@ async def startup(request: Request) -> JSONResponse:
 
 @router.get("/health/ready")
 async def ready(request: Request) -> JSONResponse:
-    """200 only while an engine can serve and the server is not draining."""
-    startup = services(request).startup
-    if startup.serving:
+    """200 only while every model can serve and the server is not draining; `?model=NAME` asks
+    for one model (404 for a name not configured)."""
+    svc = services(request)
+    startup = svc.startup
+    name = request.query_params.get("model")
+    if name is None:
+        ok = startup.serving
+    elif name in svc.configured or (not svc.configured and name in svc.models):
+        phases = startup.for_model(name)
+        ok = name in svc.models and phases.engine_up and not startup.draining and not startup.failed
+    else:
+        return JSONResponse({"status": "unknown model", "models": svc.configured}, status_code=404)
+    if ok:
         return JSONResponse({"status": "ready"})
     return JSONResponse(startup.snapshot(), status_code=503, headers={"Retry-After": "1"})
 

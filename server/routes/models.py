@@ -16,21 +16,27 @@ _CREATED = int(time.time())
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
-    """Every served model with its kind and limits (none before the first has loaded)."""
+    """Every configured model: the ready ones with their kind and limits, the others with their state."""
     svc = services(request)
-    cards = [
-        {
-            "id": model.name,
-            "object": "model",
-            "created": _CREATED,
-            "owned_by": "warmpool",
-            "root": str(model.folder.path),
-            "kind": model.folder.kind,
-            "max_model_len": model.folder.max_model_len,
-            "dimensions": model.folder.dimensions,
-        }
-        for model in svc.models.values()
-    ]
+    cards = []
+    for name in svc.configured or list(svc.models):
+        card: dict[str, object] = {"id": name, "object": "model", "created": _CREATED, "owned_by": "warmpool"}
+        model = svc.models.get(name)
+        if model is None:
+            failed = svc.startup.for_model(name).failed
+            cards.append({**card, "state": "failed" if failed else "starting"})
+            continue
+        folder = model.folder
+        cards.append(
+            {
+                **card,
+                "state": "ready",
+                "root": str(folder.path),
+                "kind": folder.kind,
+                "max_model_len": folder.max_model_len,
+                "dimensions": folder.dimensions,
+            }
+        )
     return JSONResponse({"object": "list", "data": cards})
 
 

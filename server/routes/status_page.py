@@ -107,8 +107,9 @@ def _requests(histogram: MetricWrapperBase) -> dict[str, Any]:
 
 
 def _value(metric: MetricWrapperBase, suffix: str = "") -> int:
-    """An unlabelled counter's or gauge's value (all of them count things), read as a scrape reads it."""
-    return int(next(s.value for s in _samples(metric) if s.name.endswith(suffix)))
+    """A counter's or gauge's value summed over its labels (all of them count things), read as a
+    scrape reads it."""
+    return int(sum(s.value for s in _samples(metric) if s.name.endswith(suffix)))
 
 
 def _samples(metric: MetricWrapperBase) -> Iterable[Any]:

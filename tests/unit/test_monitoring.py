@@ -203,7 +203,8 @@ def test_readiness_and_engines_up_gauges_follow_the_startup_state() -> None:
         registry = Services(settings=Settings(), startup=startup, executor=executor).metrics.registry
 
         def read() -> tuple[float | None, float | None]:
-            return registry.get_sample_value("warmpool_ready"), registry.get_sample_value("warmpool_engines_up")
+            up = registry.get_sample_value("warmpool_engines_up", {"model": ""})  # no model configured here
+            return registry.get_sample_value("warmpool_ready"), up
 
         starting = read()
         for phase in PHASES:

@@ -59,8 +59,8 @@ def test_engines_come_from_the_engine_phase_and_the_restart_counters(app: tuple[
     client, svc = app
     svc.startup.start("engine", engines=2, up=1, restarts=1, stalls=1)
     for _ in range(3):
-        svc.metrics.restarts.inc()
-    svc.metrics.stalls.inc()
+        svc.metrics.restarts.labels(model="a").inc()
+    svc.metrics.stalls.labels(model="b").inc()
     assert client.get("/status").json()["engines"] == {
         "configured": 2,
         "up": 1,
