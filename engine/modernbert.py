@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.layers import ACTIVATIONS, attend, load_checkpoint, no_init
+from engine.layers import ACTIVATIONS, Rotary, attend, band_mask, load_checkpoint, no_init, rotary_base, rotate
 from engine.packed import Packed
 from engine.pooling import pool_packed
 
@@ -35,8 +35,7 @@ def layer_types(c: dict[str, Any]) -> list[str]:
 
 def rope_theta(c: dict[str, Any], kind: str) -> float:
     """The rotary base of `kind` layers: `rope_parameters`, or (older configs) global/local_rope_theta."""
-    params = (c.get("rope_parameters") or {}).get(kind) or {}
-    return float(params.get("rope_theta", c.get(OLD_THETA_KEYS[kind], DEFAULT_THETA[kind])))
+    return rotary_base(c, kind, OLD_THETA_KEYS[kind], DEFAULT_THETA[kind])
 
 
 def _norm(c: dict[str, Any]) -> nn.LayerNorm:
@@ -65,7 +64,8 @@ class Attention(nn.Module):
         self, x: torch.Tensor, p: Packed, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
     ) -> torch.Tensor:
         q, k, v = self.Wqkv(x).view(x.shape[0], 3, self.heads, -1).unbind(dim=1)
-        return self.Wo(attend(rotate(q, *rotary), rotate(k, *rotary), v, p, mask))  # type: ignore[no-any-return]
+        q, k = rotate(q, *rotary, in_float32=True), rotate(k, *rotary, in_float32=True)
+        return self.Wo(attend(q, k, v, p, mask))  # type: ignore[no-any-return]
 
 
 class MLP(nn.Module):
@@ -127,19 +127,12 @@ class ModernBert(nn.Module):
         self.pooling = "mean" if c.get("classifier_pooling") == "mean" else "cls"
         self.window = int(c.get("local_attention", 128)) // 2
         size = c["hidden_size"] // c["num_attention_heads"]
-        # float32 whatever the model's dtype, as transformers keeps them: placed by place_rotary()
-        self.inv_freq = {
-            kind: 1.0 / (rope_theta(c, kind) ** (torch.arange(0, size, 2, dtype=torch.float) / size))
-            for kind in (FULL, SLIDING)
-        }
-
-    def place_rotary(self, device: torch.device | None) -> None:
-        self.inv_freq = {kind: f.to(device or "cpu") for kind, f in self.inv_freq.items()}
+        self.rotary = Rotary({kind: rope_theta(c, kind) for kind in (FULL, SLIDING)}, size)
 
     def forward(self, p: Packed) -> torch.Tensor:
         x = self.embeddings(p)
-        rotary = {kind: _cos_sin(p.positions, f, x.dtype) for kind, f in self.inv_freq.items()}
-        band = self._band(p, x.device)
+        rotary = self.rotary.tables(p.positions, x.dtype)
+        band = band_mask(p, self.window, x.device)
         for layer, kind in zip(self.layers, self.kinds, strict=True):
             x = layer(x, p, rotary[kind], band if kind == SLIDING else None)
         x = self.final_norm(x)
@@ -147,30 +140,6 @@ class ModernBert(nn.Module):
             return x
         pooled = pool_packed(x, p, "mean") if self.pooling == "mean" else x[p.starts]
         return self.classifier(self.head(pooled))  # type: ignore[no-any-return]
-
-    def _band(self, p: Packed, device: torch.device) -> torch.Tensor | None:
-        """True where a local layer's token may attend; None when every input fits in the window."""
-        longest = max(length for _, length in p.spans)
-        if longest <= self.window + 1:
-            return None
-        position = torch.arange(longest, device=device)
-        return (position[None, :] - position[:, None]).abs() <= self.window
-
-
-def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' rotary tables for these positions: computed in float32, kept in the model's dtype,
-    [T, 1, size] to broadcast over the heads."""
-    freqs = positions[:, None].float() * inv_freq
-    angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x [T, heads, size], in float32 as transformers applies it."""
-    x32 = x.float()
-    half = x32.shape[-1] // 2
-    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
-    return (x32 * cos + rotated * sin).to(x.dtype)
 
 
 def load(
@@ -183,5 +152,5 @@ def load(
     with no_init():
         model = ModernBert(config, num_labels)
     model = load_checkpoint(model, folder, lambda key: key.removeprefix("model."), device, dtype)
-    model.place_rotary(device)
+    model.rotary.place(device)
     return model

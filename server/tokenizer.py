@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from tokenizers import Encoding, Tokenizer
 
+from common.causal_reranker import PairTemplate
 from common.modelfolder import ModelError
 from common.wire import Tokens
 
@@ -24,7 +25,7 @@ Direction = Literal["right", "left"]
 
 
 class TokenizerPool:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, pair_template: PairTemplate | None = None) -> None:
         path = folder / "tokenizer.json"
         try:
             prototype = Tokenizer.from_file(str(path))
@@ -39,6 +40,11 @@ class TokenizerPool:
         self.special_tokens = processor.num_special_tokens_to_add(False) if processor else 0
         self.special_tokens_pair = processor.num_special_tokens_to_add(True) if processor else 0
         self._joins_pairs = processor is not None  # else join pairs by encoding them whole
+        self.pair_template = pair_template  # a causal-LM reranker's: pairs become its prompt
+        if pair_template is not None:
+            self._prefix = prototype.encode(pair_template.prefix, add_special_tokens=False).ids
+            self._suffix = prototype.encode(pair_template.suffix, add_special_tokens=False).ids
+            self.special_tokens_pair = len(self._prefix) + len(self._suffix) + self.special_tokens
 
     def get(self) -> Tokenizer:
         tok = getattr(self._local, "tok", None)
@@ -70,6 +76,8 @@ class TokenizerPool:
         """(text, text) pairs as a cross-encoder reads them, each distinct text tokenized once (one
         query against 2000 documents is tokenized once, not 2000 times), then joined with the
         special tokens and cut to `truncate` exactly as encoding the pair whole would."""
+        if self.pair_template is not None:
+            return self._prompts(self.pair_template, pairs, truncate, direction)
         tok = self.get()
         if not self._joins_pairs:  # no post-processor: only the whole-pair call sets the type ids
             return self.encode_batch(list(pairs), truncate, direction)
@@ -82,6 +90,16 @@ class TokenizerPool:
         finally:
             if truncate is not None:
                 tok.no_truncation()
+
+    def _prompts(
+        self, template: PairTemplate, pairs: list[tuple[str, str]], truncate: int | None, direction: Direction
+    ) -> list[Tokens]:
+        """Pairs as a causal-LM reranker's prompts, built as its model card builds them: the body
+        (instruction, query, document) encoded with the tokenizer's special tokens and cut to what
+        `truncate` leaves beside the fixed prefix and suffix, which are never cut."""
+        room = None if truncate is None else truncate - len(self._prefix) - len(self._suffix)
+        bodies = self.encode_batch([template.format(query, doc) for query, doc in pairs], room, direction)
+        return [Tokens(self._prefix + body.input_ids + self._suffix) for body in bodies]
 
     def encode(self, text: str, pair: str | None = None, truncate: int | None = None) -> Tokens:
         return self.encode_batch([text if pair is None else (text, pair)], truncate)[0]

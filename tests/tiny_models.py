@@ -68,6 +68,8 @@ ALPHABET = (
     + "🙂"
 )
 WORDS = ("the", "warm", "pool", "model", "engine", "text", "Hello", "world")
+QWEN3_MAX_TOKENS = 8 * MAX_TOKENS  # the Qwen3 tokenizer's limit (a folder's is also bound by its positions)
+QWEN3_QUERY = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,13 @@ class Tiny:
     normalize: bool = False
     safetensors: bool = True  # the Dense weights as model.safetensors, else as pytorch_model.bin
     config: dict[str, Any] = field(default_factory=dict)  # config values beyond the family's
+    prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers' named prompts
+    causal_lm: bool = False  # a …ForCausalLM, as a plain HF folder (Qwen3-Reranker's layout)
+
+    @property
+    def plain(self) -> bool:
+        """Saved as a plain Hugging Face folder, without sentence-transformers modules."""
+        return bool(self.labels) or self.causal_lm
 
 
 TINY: dict[str, Tiny] = {
@@ -104,6 +113,26 @@ TINY: dict[str, Tiny] = {
         labels=1,
         config={"attention_bias": True, "mlp_bias": True, "norm_bias": True, "classifier_pooling": "mean"},
     ),
+    # EmbeddingGemma's modules: mean pooling, two Dense modules without bias or activation, Normalize
+    "embeddinggemma": Tiny(
+        "gemma3_text",
+        dense=((64, "Identity", False, False), (24, "Identity", False, False)),
+        normalize=True,
+        prompts={"query": "task: search result | query: ", "document": "title: none | text: "},
+    ),
+    # nomic-embed-text's modules (mean pooling, Normalize) and prompts; gte-base-en-v1.5's (CLS pooling)
+    "nomic-bert": Tiny(
+        "nomic_bert", normalize=True, prompts={"query": "search_query: ", "document": "search_document: "}
+    ),
+    "gte": Tiny("gte", pooling="cls", normalize=True),
+    # Qwen3-Embedding's modules (last token, Normalize) and prompts
+    "qwen3": Tiny("qwen3", pooling="lasttoken", normalize=True, prompts={"query": QWEN3_QUERY, "document": ""}),
+    # Qwen3-Reranker's layout: a Qwen3ForCausalLM whose LM head is its embeddings (as the 0.6B's) ...
+    "qwen3-reranker": Tiny("qwen3", causal_lm=True, config={"tie_word_embeddings": True}),
+    # ... or a head of its own (as the 8B's); biases on q, k, v and o too (real ones have none)
+    "qwen3-reranker-untied": Tiny(
+        "qwen3", causal_lm=True, config={"tie_word_embeddings": False, "attention_bias": True}
+    ),
 }
 
 # model_type -> transformers' class name stem and the config keys it differs in
@@ -125,6 +154,55 @@ _CLASSES = {
             **{f"{name}_token_id": 102 for name in ("sep", "eos")},
         },
     ),
+    # bidirectional; grouped queries (4 heads on 2 key/value heads) of a head size that is not
+    # hidden / heads, scaled by a query_pre_attn_scalar that is not the head size; sliding layers
+    # (a window of 16: 8 each way) around a global one, each kind with its own rotary base
+    "gemma3_text": (
+        "Gemma3Text",
+        {
+            "intermediate_size": 48,
+            "num_hidden_layers": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "use_bidirectional_attention": True,
+            "sliding_window": 16,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+        },
+    ),
+    # token types (BERT's tokenizer gives them) and a rotary base that is not the default
+    "nomic_bert": (
+        "NomicBert",
+        {
+            "intermediate_size": 48,
+            "type_vocab_size": 2,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 100.0},
+        },
+    ),
+    # no token types, as gte-base-en-v1.5; biases jittered off zero like every weight
+    "gte": (
+        "Gte",
+        {
+            "intermediate_size": 48,
+            "type_vocab_size": 0,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
+        },
+    ),
+    # grouped queries (4 heads on 2 key/value heads) of a head size that is not hidden / heads; a
+    # rotary base that is not the default
+    "qwen3": (
+        "Qwen3",
+        {
+            "intermediate_size": 48,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5_000.0},
+        },
+    ),
 }
 
 
@@ -139,8 +217,8 @@ def build_tiny(dest: Path, name: str, model_dir: Path) -> Path:
     if spec.family == "distilbert":
         encoder = build_distilbert(dest.with_name(f"{name}-hf"), model_dir)
     else:
-        encoder = _build_hf(dest if spec.labels else dest.with_name(f"{name}-hf"), spec, model_dir, seed)
-    if spec.labels:
+        encoder = _build_hf(dest if spec.plain else dest.with_name(f"{name}-hf"), spec, model_dir, seed)
+    if spec.plain:
         return encoder
     return _build_sentence_transformer(dest, encoder, spec)
 
@@ -150,6 +228,10 @@ def _tokenizer(family: str, model_dir: Path) -> Any:
         return xlm_roberta_tokenizer()
     if family == "mpnet":
         return mpnet_tokenizer(model_dir)
+    if family == "gemma3_text":
+        return gemma_tokenizer()
+    if family == "qwen3":
+        return qwen3_tokenizer()
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir, model_max_length=MAX_TOKENS)
@@ -169,7 +251,8 @@ def _build_hf(dest: Path, spec: Tiny, model_dir: Path, seed: int) -> Path:
         **({"num_labels": spec.labels} if spec.labels else {}),
         **{**SMALL, **extra, **spec.config},
     )
-    model = getattr(transformers, stem + ("ForSequenceClassification" if spec.labels else "Model"))(config)
+    head = "ForCausalLM" if spec.causal_lm else "ForSequenceClassification" if spec.labels else "Model"
+    model = getattr(transformers, stem + head)(config)
     jitter(model, seed).eval().save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return dest
@@ -190,7 +273,8 @@ def _build_sentence_transformer(dest: Path, encoder: Path, spec: Tiny) -> Path:
         width = out
     if spec.normalize:
         modules.append(Normalize())
-    SentenceTransformer(modules=modules, device="cpu").save(str(dest), safe_serialization=spec.safetensors)
+    model = SentenceTransformer(modules=modules, device="cpu", prompts=spec.prompts or None)
+    model.save(str(dest), safe_serialization=spec.safetensors)
     return dest
 
 
@@ -203,6 +287,63 @@ def xlm_roberta_tokenizer() -> Any:
     vocab = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
     vocab += [(piece, -1.0 - 0.01 * i) for i, piece in enumerate(pieces)] + [("<mask>", 0.0)]
     return XLMRobertaTokenizer(vocab=vocab, model_max_length=MAX_TOKENS)
+
+
+def gemma_tokenizer() -> Any:
+    """Gemma's byte-fallback BPE tokenizer from a fixed vocabulary (the same ids every time), in
+    Gemma's layout: <pad>=0, <eos>=1, <bos>=2; <bos> before a text and <eos> after it, as
+    EmbeddingGemma's tokenizer adds them. Characters outside ALPHABET fall back to their bytes."""
+    from transformers import GemmaTokenizer
+
+    vocab = {token: i for i, token in enumerate(("<pad>", "<eos>", "<bos>", "<unk>", "<mask>"))}
+    vocab.update({f"<0x{byte:02X}>": len(vocab) + byte for byte in range(256)})
+    for char in ("▁", *ALPHABET):
+        vocab.setdefault(char, len(vocab))
+    merges = []
+    for word in WORDS:  # "▁" + the word, one character at a time
+        piece = "▁"
+        for char in word:
+            merges.append((piece, char))
+            piece += char
+            vocab.setdefault(piece, len(vocab))
+    return GemmaTokenizer(
+        vocab=vocab,
+        merges=merges,
+        add_bos_token=True,
+        add_eos_token=True,
+        padding_side="right",
+        model_max_length=MAX_TOKENS,
+    )
+
+
+def qwen3_tokenizer() -> Any:
+    """Qwen's byte-level BPE tokenizer from a fixed vocabulary (the 256 byte symbols, then WORDS and
+    the reranker's words, merged one character at a time), with Qwen3's special tokens after it
+    (<|endoftext|>, <|im_start|>, <|im_end|>) and Qwen3-Embedding's post-processor, which puts
+    <|endoftext|> after every text. Its limit is QWEN3_MAX_TOKENS: the reranker's prompt alone is ~150
+    of its tokens (an embedding folder's sentence-transformers config still cuts at MAX_TOKENS)."""
+    from tokenizers import processors
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
+    merges: list[tuple[str, str]] = []
+    for word in (*WORDS, "yes", "no", "Query", "Document", "Instruct"):
+        for piece in (word, "Ġ" + word):  # Ġ: a space before it
+            for end in range(2, len(piece) + 1):
+                merge = (piece[: end - 1], piece[end - 1])
+                if merge not in merges:
+                    merges.append(merge)
+                vocab.setdefault(piece[:end], len(vocab))
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=QWEN3_MAX_TOKENS)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A:0 <|endoftext|>:0",
+        pair="$A:0 <|endoftext|>:0 $B:1 <|endoftext|>:1",
+        special_tokens=[("<|endoftext|>", eos)],
+    )
+    return tokenizer
 
 
 def mpnet_tokenizer(vocab_from: Path) -> Any:

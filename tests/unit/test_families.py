@@ -1,6 +1,7 @@
-"""The native families (BERT, RoBERTa, XLM-RoBERTa, MPNet, ModernBERT) and sentence-transformers' Dense modules give
-sentence-transformers' and transformers' numbers: whole forward passes of tiny random models in-process,
-tokenized as the server tokenizes, and the pieces in which the families differ."""
+"""The native families (BERT, RoBERTa, XLM-RoBERTa, MPNet, ModernBERT, EmbeddingGemma, NomicBERT, GTE)
+and sentence-transformers' Dense modules give sentence-transformers' and transformers' numbers: whole forward
+passes of tiny random models in-process, tokenized as the server tokenizes, and the pieces in which the
+families differ."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ os.environ["DO_NOT_TRACK"] = "1"
 
 import functools
 import importlib
+import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,17 +32,18 @@ from common.modelfolder import (
     read_model_folder,
 )
 from common.wire import Tokens
-from engine import dense
+from engine import dense, gemma3, nomic_gte
 from engine.device import Placement
 from engine.families import LOADERS
-from engine.layers import ACTIVATIONS
+from engine.layers import ACTIVATIONS, band_mask
 from engine.model import PoolingModel
 from engine.modernbert import layer_types, rope_theta
 from engine.mpnet import relative_position_bucket
 from engine.packed import Packed, offset_positions
 from server.outputs import activate, normalize
 from server.tokenizer import TokenizerPool
-from tests.tiny_models import MAX_TOKENS, TINY, TinyFolders
+from tests import tiny_models
+from tests.tiny_models import MAX_TOKENS, SMALL, TINY, TinyFolders
 
 EMBEDDERS = [
     "xlm-roberta",
@@ -47,6 +51,10 @@ EMBEDDERS = [
     "mpnet",
     "bert",
     "modernbert",
+    "embeddinggemma",
+    "nomic-bert",
+    "gte",
+    "qwen3",
     "distilbert",
 ]  # distilbert: the transformers fallback
 NATIVE = [name for name in TINY if name != "distilbert"]
@@ -76,7 +84,8 @@ def engines(tiny: TinyFolders) -> Engines:
 
 def server_tokens(folder: Path, inputs: list[str] | list[tuple[str, str]]) -> list[Tokens]:
     """The inputs as the server tokenizes them, cut at the model's maximum."""
-    pool, limit = TokenizerPool(folder), read_model_folder(folder).max_model_len
+    info = read_model_folder(folder)
+    pool, limit = TokenizerPool(folder, info.pair_template), info.max_model_len  # a Qwen3 reranker's prompt
     if isinstance(inputs[0], tuple):
         return pool.encode_pairs(inputs, truncate=limit)  # type: ignore[arg-type]
     return pool.encode_batch(inputs, truncate=limit)  # type: ignore[arg-type]
@@ -103,6 +112,24 @@ def test_embeddings_match_sentence_transformers(tiny: TinyFolders, engines: Engi
     got = normalize(got) if model.info.normalize else got
     expected = SentenceTransformer(str(tiny[name]), device="cpu").encode(TEXTS)
     assert got.shape == expected.shape == (len(TEXTS), model.info.dimensions)
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("name", "prompt"), [(name, p) for name in TINY for p in TINY[name].prompts])
+def test_prompted_embeddings_match_sentence_transformers(
+    tiny: TinyFolders, engines: Engines, name: str, prompt: str
+) -> None:
+    """Each named prompt of a folder that has them (EmbeddingGemma's "task: search result | query: "),
+    put before every text as the server puts it, gives SentenceTransformer.encode(prompt_name=...)'s
+    vectors within 1e-5, the prompted long text cut at the model's maximum length included."""
+    from sentence_transformers import SentenceTransformer
+
+    model = engines(name)
+    tokens = server_tokens(tiny[name], [model.info.prompts[prompt] + text for text in TEXTS])
+    assert len(tokens[-1].input_ids) == MAX_TOKENS
+    got = model.forward(tokens)
+    got = normalize(got) if model.info.normalize else got
+    expected = SentenceTransformer(str(tiny[name]), device="cpu").encode(TEXTS, prompt_name=prompt)
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
 
 
@@ -145,7 +172,21 @@ def test_classifier_logits_match_transformers(tiny: TinyFolders, engines: Engine
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["xlm-roberta", "mpnet", "bert", "modernbert", "xlm-roberta-reranker"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "xlm-roberta",
+        "mpnet",
+        "bert",
+        "modernbert",
+        "embeddinggemma",
+        "nomic-bert",
+        "gte",
+        "qwen3",
+        "xlm-roberta-reranker",
+        "qwen3-reranker",
+    ],
+)
 def test_half_precision_follows_float32(tiny: TinyFolders, engines: Engines, name: str) -> None:
     """In bfloat16 (as on a GPU, here on the CPU) every family runs, with its attention bias and Dense
     modules in that dtype, and stays near its float32 outputs."""
@@ -192,6 +233,146 @@ def test_modernbert_configs_of_the_older_format_read_as_transformers_reads_them(
     assert layer_types(old) == reference.layer_types
     for kind in ("full_attention", "sliding_attention"):
         assert rope_theta(old, kind) == reference.rope_parameters[kind]["rope_theta"]
+
+
+@pytest.mark.parametrize(
+    "old",
+    [
+        {"num_hidden_layers": 7},
+        {"num_hidden_layers": 13, "sliding_window_pattern": 4, "rope_theta": 5e5, "rope_local_base_freq": 2e3},
+    ],
+    ids=["defaults", "named"],
+)
+def test_gemma3_configs_of_the_older_format_read_as_transformers_reads_them(old: dict[str, Any]) -> None:
+    """Gemma 3 configs that predate layer_types and rope_parameters (sliding_window_pattern, rope_theta
+    and rope_local_base_freq, or nothing): each layer's attention and rotary base are transformers'."""
+    from transformers import Gemma3TextConfig
+
+    reference = Gemma3TextConfig(**old)
+    assert gemma3.layer_types(old) == reference.layer_types
+    for kind in ("full_attention", "sliding_attention"):
+        assert gemma3.rope_theta(old, kind) == reference.rope_parameters[kind]["rope_theta"]
+
+
+@pytest.mark.parametrize("window", [7, 8, 16])
+def test_gemma3_sliding_layers_see_what_transformers_lets_them_see(window: int) -> None:
+    """A bidirectional Gemma 3 sliding layer's band (sliding_window // 2 either way, from config.json's
+    sliding_window, odd or even) is the mask transformers gives that layer."""
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    config = Gemma3TextConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
+        num_key_value_heads=1, head_dim=8, sliding_window=window, use_bidirectional_attention=True,
+        layer_types=["sliding_attention"],
+    )  # fmt: skip
+    model, seen = Gemma3TextModel(config).eval(), []
+    model.layers[0].register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True
+    )
+    length = 3 * window
+    with torch.inference_mode():
+        model(
+            input_ids=torch.ones((1, length), dtype=torch.long),
+            attention_mask=torch.ones((1, length), dtype=torch.long),
+        )
+    mask = seen[0][0, 0]
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    reach = gemma3.sliding_reach({"sliding_window": window})
+    got = band_mask(Packed.of([Tokens([1] * length)]), reach, torch.device("cpu"))
+    assert got is not None and torch.equal(got, allowed)
+
+
+@pytest.mark.parametrize("change", [{"use_bidirectional_attention": False}, {"attn_logit_softcapping": 50.0}])
+def test_gemma3_folders_the_native_module_does_not_compute_are_left_to_transformers(
+    tiny: TinyFolders, tmp_path: Path, change: dict[str, Any]
+) -> None:
+    """A causal Gemma 3 text model, or one with attention logit softcapping, is not served natively."""
+    folder = tmp_path / "gemma"
+    shutil.copytree(tiny["embeddinggemma"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    assert read_model_folder(tiny["embeddinggemma"]).native
+    assert not read_model_folder(folder).native
+
+
+# nomic-embed-text-v1.5's config.json: the original nomic-bert names and switches, not transformers'
+NOMIC_ORIGINAL = {
+    "activation_function": "swiglu", "causal": False, "prenorm": False, "parallel_block": False, "use_rms_norm": False,
+    "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False, "rotary_emb_fraction": 1.0,
+    "rotary_emb_interleaved": False, "rotary_emb_scale_base": None, "rotary_scaling_factor": None,
+    "max_trained_positions": 2048, "n_positions": 8192,
+}  # fmt: skip
+NOMIC_RENAMED = {
+    "hidden_size": "n_embd",
+    "num_hidden_layers": "n_layer",
+    "num_attention_heads": "n_head",
+    "intermediate_size": "n_inner",
+    "layer_norm_eps": "layer_norm_epsilon",
+}
+
+
+def test_a_nomic_folder_with_the_original_config_runs_as_with_transformers_config(
+    tiny: TinyFolders, engines: Engines, tmp_path: Path
+) -> None:
+    """A nomic-bert folder whose config.json has the original layout (n_embd, n_layer, ..., rotary_emb_base,
+    the switches, no hidden_act), as nomic-embed-text-v1.5's has, is native and gives the vectors of the same
+    weights under transformers' config."""
+    folder = tmp_path / "nomic"
+    shutil.copytree(tiny["nomic-bert"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    original = {k: v for k, v in config.items() if k not in {*NOMIC_RENAMED, "rope_parameters", "hidden_act"}}
+    original |= {old: config[new] for new, old in NOMIC_RENAMED.items()} | NOMIC_ORIGINAL
+    original["rotary_emb_base"] = config["rope_parameters"]["rope_theta"]
+    (folder / "config.json").write_text(json.dumps(original))
+    info = read_model_folder(folder)
+    assert info.native and info.dimensions == engines("nomic-bert").info.dimensions
+    tokens = server_tokens(folder, TEXTS)
+    got = PoolingModel(info, threads=1).forward(tokens)
+    np.testing.assert_allclose(got, engines("nomic-bert").forward(tokens), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"prenorm": True}, {"rotary_emb_interleaved": True}, {"rotary_emb_fraction": 0.5}, {"mlp_fc1_bias": True}],
+)
+def test_nomic_folders_with_original_switches_not_computed_here_are_left_to_transformers(
+    tiny: TinyFolders, tmp_path: Path, change: dict[str, Any]
+) -> None:
+    """An original nomic-bert config switch the native module does not compute (pre-norm layers, interleaved or
+    partial rotary, MLP biases) makes the folder not native."""
+    folder = tmp_path / "nomic"
+    shutil.copytree(tiny["nomic-bert"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **NOMIC_ORIGINAL, **change}))
+    assert read_model_folder(tiny["nomic-bert"]).native
+    assert not read_model_folder(folder).native
+
+
+@pytest.mark.parametrize("stem", ["NomicBert", "Gte"])
+def test_masked_lm_checkpoints_load_by_name_and_match_transformers(stem: str, tmp_path: Path) -> None:
+    """A NomicBertForMaskedLM and a GteForMaskedLM checkpoint, in the layout transformers saves (the encoder
+    under the task model's prefix, Nomic's Wqkv/fc11/fc12/fc2, GTE's qkv_proj/up_gate_proj), load onto the
+    native encoder, whose hidden states (token types included) are transformers' within 1e-5."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{stem}Config")(
+        vocab_size=50, intermediate_size=48, type_vocab_size=2, max_position_embeddings=64, **SMALL
+    )
+    reference = tiny_models.jitter(getattr(transformers, f"{stem}ForMaskedLM")(config), seed=0).eval()
+    reference.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == [f"{stem}ForMaskedLM"] and read_model_folder(tmp_path).native
+    inputs = [Tokens(torch.randint(0, 50, (n,)).tolist(), [0] * (n - 2) + [1, 1]) for n in (5, 17, 2)]
+    with torch.inference_mode():
+        got = nomic_gte.load(tmp_path, saved, None)(Packed.of(inputs))
+        expected = [
+            reference.base_model(
+                input_ids=torch.tensor([t.input_ids]), token_type_ids=torch.tensor([t.token_type_ids])
+            ).last_hidden_state[0]
+            for t in inputs
+        ]
+    np.testing.assert_allclose(got.numpy(), torch.cat(expected).numpy(), atol=1e-5, rtol=0)
 
 
 def test_every_native_family_has_a_loader() -> None:
