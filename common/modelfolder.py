@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from common.causal_reranker import PairTemplate, reranker_template, score_token_ids
 
 Kind = Literal["embedding", "classification", "cross-encoder"]
 PoolingMode = Literal["mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len_tokens"]
@@ -58,6 +61,8 @@ class ModelFolder:
     config: dict[str, Any] = field(default_factory=dict)  # config.json, parsed once
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers' named prompts
     default_prompt_name: str | None = None  # the prompt a request naming none gets
+    pair_template: PairTemplate | None = None  # a causal-LM reranker's prompt (common.causal_reranker)
+    score_tokens: tuple[int, int] | None = None  # its (no, yes) token ids: the LM head rows it is scored by
     dense: tuple[DenseLayer, ...] = ()  # sentence-transformers Dense modules, in order, after pooling
 
     @property
@@ -120,11 +125,19 @@ def _read(path: Path) -> ModelFolder:
     architecture = architectures[0]
     modules = _read_json(path / "modules.json", list_key="modules").get("modules", [])
     st_config = _read_json(path / "sentence_bert_config.json")
-    kind = _kind(architecture, config)
+    pair_template = reranker_template(config, architecture, has_modules=(path / "modules.json").is_file())
+    score_tokens = None if pair_template is None else _score_tokens(path, architecture)
+    kind = _kind(architecture, config) if pair_template is None else "cross-encoder"
+    native = native_model(path, config, kind)
+    if pair_template is not None and not native:
+        raise ModelError(
+            f"{path} is served as a yes/no reranker ({architecture} without sentence-transformers modules), which "
+            "only the native engine runs: it needs full attention, plain rotary positions and safetensors weights"
+        )
     id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
     if kind == "cross-encoder":
         id2label = id2label if len(id2label) == 1 else {0: "score"}
-    hidden = int(config.get("hidden_size") or config.get("d_model") or config.get("dim") or 0)
+    hidden = int(config.get("hidden_size") or config.get("d_model") or config.get("dim") or config.get("n_embd") or 0)
     pooling, normalize, dense = _modules(path, modules, hidden)
     prompts, default_prompt_name = read_prompts(path)
     return ModelFolder(
@@ -137,11 +150,13 @@ def _read(path: Path) -> ModelFolder:
         pooling=pooling,
         normalize=normalize,
         id2label=id2label,
-        native=native_model(path, config, kind),
+        native=native,
         dense=dense,
         config=config,
         prompts=prompts,
         default_prompt_name=default_prompt_name,
+        pair_template=pair_template,
+        score_tokens=score_tokens,
     )
 
 
@@ -181,21 +196,38 @@ def files_to_load(path: Path) -> list[Path]:
     return [f for f in named if f.is_file()] + weight_files(path) + [f for f in module_weights if f.is_file()]
 
 
+BIN = "pytorch_model.bin"
+
+
 def weight_files(path: Path) -> list[Path]:
     """The weights a loader reads: model.safetensors; else the shards a safetensors index names
-    (the index first); else pytorch_model.bin, which only the transformers fallback reads."""
-    single = path / "model.safetensors"
-    if single.is_file():
-        return [single]
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
-        except (ModelError, AttributeError, TypeError):
-            shards = []
-        return [index, *(path / str(name) for name in shards if (path / str(name)).is_file())]
-    legacy = path / "pytorch_model.bin"
-    return [legacy] if legacy.is_file() else []
+    (the index first); else pytorch_model.bin or the shards of its index: pickles, which only the
+    transformers fallback reads, and only where WARMPOOL_ALLOW_BIN_WEIGHTS allows."""
+    for single, index in (("model.safetensors", "model.safetensors.index.json"), (BIN, "pytorch_model.bin.index.json")):
+        if (path / single).is_file():
+            return [path / single]
+        if (path / index).is_file():
+            try:
+                shards = sorted(set(_read_json(path / index).get("weight_map", {}).values()))
+            except (ModelError, AttributeError, TypeError):
+                shards = []
+            return [path / index, *(path / str(name) for name in shards if (path / str(name)).is_file())]
+    return []
+
+
+def safetensors_weights(path: Path) -> bool:
+    """The folder's weights are safetensors (one file or shards), what the native engine reads."""
+    return any(f.name.endswith(".safetensors") for f in weight_files(path))
+
+
+def pickled_weights(info: ModelFolder) -> list[Path]:
+    """The pickles serving this folder would unpickle (torch.load, weights_only): the model's
+    pytorch_model.bin (or its shards) where it has no safetensors, and each Dense module's where
+    its folder has no model.safetensors. The engine refuses them unless WARMPOOL_ALLOW_BIN_WEIGHTS
+    allows."""
+    model = [f for f in weight_files(info.path) if f.name.endswith(".bin")]
+    dense = [d.path / BIN for d in info.dense if not (d.path / "model.safetensors").is_file()]
+    return model + [f for f in dense if f.is_file()]
 
 
 # model_type -> (architectures served as embedding models, as classifiers) by a native engine
@@ -210,14 +242,45 @@ NATIVE_FAMILIES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         ("modernbert", "ModernBert", []),
     )
 }
+NATIVE_FAMILIES["gemma3_text"] = (frozenset({"Gemma3TextModel"}), frozenset())  # EmbeddingGemma: embeddings only
+# NomicBERT and GTE (engine.nomic_gte): encoders only
+NATIVE_FAMILIES["nomic_bert"] = (frozenset({"NomicBertModel", "NomicBertForMaskedLM"}), frozenset())
+NATIVE_FAMILIES["gte"] = (frozenset({"GteModel", "GteForMaskedLM"}), frozenset())
+# The original nomic-bert config's switches (real nomic-embed folders carry them), at the values
+# engine.nomic_gte computes: absent, or these.
+NOMIC_SWITCHES: dict[str, Any] = {
+    "prenorm": False,
+    "parallel_block": False,
+    "causal": False,
+    "use_rms_norm": False,
+    "activation_function": "swiglu",
+    "qkv_proj_bias": False,
+    "mlp_fc1_bias": False,
+    "mlp_fc2_bias": False,
+    "rotary_emb_fraction": 1.0,
+    "rotary_emb_interleaved": False,
+    "rotary_emb_scale_base": None,
+    "rotary_scaling_factor": None,
+}
+# Qwen3-Embedding (its config names Qwen3ForCausalLM, its weights are Qwen3Model's) and, as a "classifier",
+# a Qwen3ForCausalLM folder that common.causal_reranker makes a yes/no reranker
+NATIVE_FAMILIES["qwen3"] = (frozenset({"Qwen3Model", "Qwen3ForCausalLM"}), frozenset({"Qwen3ForCausalLM"}))
+# What a family's config must say besides for its native module to compute what transformers does.
+NATIVE_ONLY_IF: dict[str, Callable[[dict[str, Any]], bool]] = {
+    # bidirectional (EmbeddingGemma): a causal Gemma 3 is left to transformers, as is attention
+    # logit softcapping, which engine.gemma3 does not compute
+    "gemma3_text": lambda c: c.get("use_bidirectional_attention") is True and c.get("attn_logit_softcapping") is None,
+    "qwen3": lambda c: not c.get("use_sliding_window"),  # engine.qwen3 computes full attention only
+    "nomic_bert": lambda c: all(c.get(key, value) == value for key, value in NOMIC_SWITCHES.items()),
+}
 # config.json hidden_act (ModernBERT: hidden_activation, classifier_activation) values the native
 # families compute (engine.layers.ACTIVATIONS).
 NATIVE_ACTIVATIONS = frozenset({"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish"})
 
 
 def native_model(path: Path, config: dict[str, Any], kind: Kind) -> bool:
-    """A model of a native family (absolute or plain rotary positions, known activations) in one
-    safetensors file: no transformers needed."""
+    """A model of a native family (absolute or plain rotary positions, known activations) in
+    safetensors, one file or shards: no transformers needed."""
     family = NATIVE_FAMILIES.get(str(config.get("model_type")))
     if family is None:
         return False
@@ -233,7 +296,8 @@ def native_model(path: Path, config: dict[str, Any], kind: Kind) -> bool:
         and not config.get("rope_scaling")
         and all(p.get("rope_type", "default") == "default" for p in [rope, *rope.values()] if isinstance(p, dict))
         and not config.get("is_decoder", False)
-        and (path / "model.safetensors").is_file()
+        and NATIVE_ONLY_IF.get(str(config.get("model_type")), lambda c: True)(config)
+        and safetensors_weights(path)
     )
 
 
@@ -242,6 +306,19 @@ def _kind(architecture: str, config: dict[str, Any]) -> Kind:
         labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2
         return "cross-encoder" if labels == 1 else "classification"
     return "embedding"
+
+
+def _score_tokens(path: Path, architecture: str) -> tuple[int, int]:
+    """A yes/no reranker's (no, yes) token ids; a folder whose tokenizer has no such single tokens is
+    neither a reranker nor an embedding model, and is refused saying which it could be made."""
+    ids = score_token_ids(path)
+    if ids is None:
+        raise ModelError(
+            f"{path} has a {architecture} without sentence-transformers modules, served as a yes/no reranker "
+            "(Qwen3-Reranker), but its tokenizer.json has no single 'yes' and 'no' tokens; for an embedding "
+            "model add modules.json (Transformer, Pooling, Normalize) as Qwen3-Embedding has"
+        )
+    return ids
 
 
 def _modules(

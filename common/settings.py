@@ -58,7 +58,7 @@ class Settings(BaseSettings):
         None,
         ge=1,
         le=64,
-        description="Engine processes, each with its own copy of the model; default 2 on the CPU "
+        description="Engine processes (on the CPU they share one copy of the weights); default 2 on the CPU "
         "(1 on one CPU), one per visible GPU on cuda.",
     )
     device: str = Field(
@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Compute dtype; auto: float32 on the CPU, bfloat16 on GPUs that have it, else float16."
+    )
+    allow_bin_weights: Literal["on", "off"] = Field(
+        "off",
+        description="Read pytorch_model.bin weights (pickles, with torch.load weights_only) where a folder "
+        "has no safetensors; off: such a folder fails its engine phase.",
     )
     engine_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
@@ -138,10 +143,9 @@ class Settings(BaseSettings):
         for entry in entries:
             model, *options = (part.strip() for part in entry.split(";"))
             name, folder = model.split("=", 1) if "=" in model else (None, model)
-            update = {"model": folder, "served_model_name": name, "models": None}
+            update: dict[str, object] = {"model": folder, "served_model_name": name, "models": None}
             update |= {"engines": engines, "engine_threads": threads, **_model_options(options, entry)}
-            copy = self.model_validate({**self.model_dump(), **update})
-            result.append(copy)
+            result.append(self.model_validate({**self.model_dump(), **update}))
         names = [s.model_name for s in result]
         if len(set(names)) != len(names):
             raise ValueError(f"WARMPOOL_MODELS serves two models under one name: {names}; name them NAME=FOLDER")

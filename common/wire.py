@@ -41,6 +41,10 @@ class Tokens(NamedTuple):
 
 Keyed = tuple[int, Tokens]  # an input on the wire: the client's key for it, and its tokens
 
+# The forkserver's environment names the models it builds before forking engines, as a JSON list of
+# [folder, dtype] (orchestrator.forkserver.preload_weights -> engine.forkserver_preload).
+FORKSERVER_MODELS_ENV = "_WARMPOOL_FORKSERVER_MODELS"
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -55,6 +59,7 @@ class EngineSpec:
     nice: int = 0
     device: str = "cpu"  # cpu or cuda:N: CUDA is initialised in the engine, after the fork
     dtype: str = "auto"
+    allow_bin_weights: bool = False  # unpickle pytorch_model.bin (weights_only) where there is no safetensors
 
 
 def send(conn: Connection, message: tuple[str, Any]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -10,10 +9,11 @@ import torch
 
 from common.modelfolder import ModelError, ModelFolder
 from common.wire import Tokens
-from engine import dense, families
+from engine import dense, preloaded
 from engine.device import Placement
 from engine.packed import Packed
 from engine.pooling import pool, pool_packed
+from engine.warmup import Warmup, warm_up
 
 
 class PoolingModel:
@@ -28,11 +28,10 @@ class PoolingModel:
         config = info.config
         self.pad_id = int(config.get("pad_token_id") or 0)
         self.uses_types = bool(config.get("type_vocab_size"))
-        labels = None if info.kind == "embedding" else len(info.id2label)
-        if info.native:
-            self.model = families.load(info.path, config, labels, device, dtype)
+        if info.native:  # built in the forkserver where it could be (engine/preloaded.py)
+            self.model, self.weights = preloaded.native_model(info, device, dtype)
         else:
-            self.model = _transformers_model(info, device, dtype)
+            self.model, self.weights = _transformers_model(info, device, dtype), {"weights": "engine"}
         self.dense = dense.load(info.dense, device, dtype) if info.kind == "embedding" else None
 
     @property
@@ -91,26 +90,11 @@ class PoolingModel:
             return out.logits.float().cpu().numpy()  # type: ignore[no-any-return]
         return self._project(pool(out.last_hidden_state, inputs["attention_mask"], self.info.pooling))
 
-    def warm_up(self) -> tuple[float, float]:
-        """Pay first-call costs before readiness flips; return the per-call overhead in tokens and
-        the seconds one token costs.
-
-        The overhead (fixed cost of one forward, in units of one token's cost) is what the
-        batcher weighs against padding when it splits a batch; the cost per token sizes the
-        stall watchdog's default timeout.
-        """
-        token = self.pad_id + 1
-        self.forward([Tokens([token] * self.info.max_model_len)])
-        small, large = (1, 8), (16, 32)
-        timings = []
-        for rows, length in (small, large, small, large):
-            started = time.perf_counter()
-            self.forward([Tokens([token] * length) for _ in range(rows)])
-            timings.append(time.perf_counter() - started)
-        t_small, t_large = min(timings[0::2]), min(timings[1::2])
-        per_token = max((t_large - t_small) / (large[0] * large[1] - small[0] * small[1]), 1e-9)
-        overhead = (t_small - small[0] * small[1] * per_token) / per_token
-        return min(max(overhead, 1.0), 512.0), per_token
+    def warm_up(self) -> Warmup:
+        """Pay first-call costs before readiness flips, with small shapes; price a call and a token
+        (engine/warmup.py): the batcher weighs the per-call overhead against padding when it splits
+        a padded batch, and the cost per token sizes the stall watchdog's default timeout."""
+        return warm_up(self.forward, self.model, self.pad_id + 1, self.placement.device)
 
 
 def _transformers_model(info: ModelFolder, device: torch.device, dtype: torch.dtype) -> Any:
@@ -118,6 +102,6 @@ def _transformers_model(info: ModelFolder, device: torch.device, dtype: torch.dt
 
     loader = AutoModel if info.kind == "embedding" else AutoModelForSequenceClassification
     try:
-        return loader.from_pretrained(str(info.path), dtype=dtype).to(device).eval()
+        return loader.from_pretrained(str(info.path), dtype=dtype, weights_only=True).to(device).eval()
     except Exception as exc:  # transformers raises many types for a broken folder
         raise ModelError(f"cannot load model from {info.path}: {type(exc).__name__}: {exc}") from exc

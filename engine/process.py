@@ -18,6 +18,7 @@ from typing import Any
 from common.modelfolder import ModelError, read_model_folder, weight_files
 from common.wire import EngineSpec, Keyed, Msg, Tokens, send
 from engine.batching import split_by_length, split_by_tokens, take_batch
+from engine.checkpoint import refuse_pickles
 from engine.device import memory_detail, place
 from engine.model import PoolingModel
 from engine.threads import ThreadShare
@@ -35,6 +36,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
     started = time.monotonic()
     try:
         info = read_model_folder(spec.model_path)
+        refuse_pickles(info, spec.allow_bin_weights)
         placement = place(spec.device, spec.dtype, weight_files(spec.model_path))
         model = PoolingModel(info, spec.threads, placement)
         share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
@@ -48,13 +50,15 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                     "load_s": round(loaded - started, 3),
                     "preloaded": os.getpid() != IMPORTED_BY_PID,
                     "backend": "native" if info.native else "transformers",
+                    **model.weights,
                     **placement.detail,
                     **memory_detail(placement),
                 },
             ),
         )
         share.working()
-        overhead, per_token_s = model.warm_up()
+        warmup = model.warm_up()
+        overhead = warmup.overhead_tokens
         share.idle()
         send(
             conn,
@@ -63,7 +67,8 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                 {
                     "warmup_s": round(time.monotonic() - loaded, 3),
                     "call_overhead_tokens": round(overhead, 1),
-                    "ms_per_token": round(per_token_s * 1000, 4),
+                    "ms_per_token": round(warmup.per_token_s * 1000, 4),
+                    **warmup.detail,
                 },
             ),
         )

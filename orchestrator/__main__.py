@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(settings.fail_linger)
         return 1
     preload = list(dict.fromkeys(module for m in models for module in forkserver.preload_for(m.model_path)))
+    preload += forkserver.preload_weights(models)
     method = forkserver.start(settings.start_method, startup, preload)
     start_prefetch(models, startup, preload)
 

@@ -7,7 +7,7 @@ import textwrap
 from common.settings import Settings
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "model": ("model", "served_model_name", "models", "on_model_failure", "device", "dtype"),
+    "model": ("model", "served_model_name", "models", "on_model_failure", "device", "dtype", "allow_bin_weights"),
     "network": ("host", "port"),
     "limits": (
         "max_batch_tokens",

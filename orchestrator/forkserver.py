@@ -6,20 +6,26 @@ made start-up slower (+6.8 s), a background one saved 7.6 s on a 32B model.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
 from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
 from pathlib import Path
 
 import structlog
 
+from common.devices import DeviceError
 from common.modelfolder import ModelError, read_model_folder
+from common.settings import Settings
 from common.startup import StartupState
+from common.wire import FORKSERVER_MODELS_ENV
 
 # engine.process imports torch and the engine; engine.transformers_preload adds transformers and the
 # modules its model-loading path would import lazily.
 ENGINE = "engine.process"
 TRANSFORMERS = "engine.transformers_preload"
+WEIGHTS = "engine.forkserver_preload"
 
 
 def preload_for(model_path: Path) -> list[str]:
@@ -34,6 +40,26 @@ def preload_for(model_path: Path) -> list[str]:
     name = str(info.config.get("model_type", "")).replace("-", "_")
     modeling = [f"transformers.models.{name}.modeling_{name}"] if name.isidentifier() else []
     return [ENGINE, TRANSFORMERS, *modeling]
+
+
+def preload_weights(models: list[Settings]) -> list[str]:
+    """The forkserver also builds the native models of CPU engines before forking any, so that every
+    engine and every re-fork shares one copy of their weights (engine/preloaded.py): [WEIGHTS] to add
+    to the preload, with the [folder, dtype] pairs in its environment; [] when no model qualifies."""
+    # the dtype by engine.device.place's rule for the CPU
+    entries = [[str(m.model_path), "float32" if m.dtype == "auto" else m.dtype] for m in models if _builds(m)]
+    if not entries:
+        return []
+    os.environ[FORKSERVER_MODELS_ENV] = json.dumps(entries)  # the forkserver inherits this process's environment
+    return [WEIGHTS]
+
+
+def _builds(m: Settings) -> bool:
+    """A native model for CPU engines forked from the forkserver."""
+    try:
+        return m.start_method == "forkserver" and m.resolved_device == "cpu" and read_model_folder(m.model_path).native
+    except (ModelError, DeviceError):  # the engine phase reports the folder or the device
+        return False
 
 
 log = structlog.get_logger("warmpool.forkserver")

@@ -19,6 +19,7 @@ import structlog
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from common.devices import engine_device
+from common.procmem import parent_pid, process_memory
 from common.settings import Settings
 from common.startup import ModelPhases
 from common.wire import EngineSpec, Msg
@@ -89,6 +90,7 @@ class EngineSupervisor:
             nice=self.settings.engine_nice,
             device=engine_device(self.settings.resolved_device, slot, self.settings.gpus),
             dtype=self.settings.dtype,
+            allow_bin_weights=self.settings.allow_bin_weights == "on",
         )
 
     @property
@@ -104,7 +106,16 @@ class EngineSupervisor:
             "up": len(self._up),
             "restarts": self.budget.used,
             "stalls": self.stalls,
+            "memory": self._memory(),
         }
+
+    def _memory(self) -> list[dict[str, Any]]:
+        """RSS, PSS, shared and private MB of each live engine and of the forkserver they share the
+        weights with (common/procmem.py): PSS adds up to what they hold together."""
+        pids = [(f"engine {slot}", pid) for slot, pid in enumerate(self.pids) if pid]
+        if self.method.name == "forkserver" and pids and (parent := parent_pid(pids[0][1])) is not None:
+            pids.append(("forkserver", parent))
+        return [{"process": name, "pid": pid, **memory} for name, pid in pids if (memory := process_memory(pid))]
 
     def start_engines(self) -> None:
         """The first engine warms up alone, on every core, and makes the server ready; the rest follow.

@@ -31,9 +31,11 @@ def test_prefetch_read_the_files_serving_reads(server: ServerProcess, model_dir)
 def test_engine_was_forked_from_a_preloaded_forkserver(server: ServerProcess) -> None:
     forkserver = server.phase("forkserver")["detail"]
     assert forkserver["method"] == "forkserver"
-    assert forkserver["preload"] == ["engine.process"]  # BERT runs natively: no transformers
+    # BERT runs natively: no transformers; its weights are built in the forkserver, for all engines
+    assert forkserver["preload"] == ["engine.process", "engine.forkserver_preload"]
     engine = server.wait_engines()
     assert engine["preloaded"] is True, "the forkserver did not preload engine.process"
+    assert engine["weights"] == "forkserver"
     assert engine["backend"] == "native"
     assert len(engine["pids"]) == engine["engines"] == engine["up"] == 2  # the default on 2 cores
     assert set(engine["pids"]) <= set(server.children()) and engine["pid"] == engine["pids"][0]

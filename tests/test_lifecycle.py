@@ -227,7 +227,7 @@ def test_a_stopped_engine_is_killed_and_replaced_without_failing_requests(model_
             wait_for(lambda: len(statuses) >= served + 8, 60, "requests after the replacement")
         assert gone(victim) and detail["restarts"] == 1
         assert set(statuses) == {200}, "a request failed although another engine was up"
-        assert "warmpool_engine_stalls_total 1.0" in server.get("/metrics").text
+        assert 'warmpool_engine_stalls_total{model="all-MiniLM-L6-v2"} 1.0' in server.get("/metrics").text
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGCONT)

@@ -88,9 +88,10 @@ def test_metrics_move_by_exactly_the_requests_made(server: ServerProcess) -> Non
     assert moved(before, after, "warmpool_request_duration_seconds_count", **route, status="400") == 1
     assert moved(before, after, "warmpool_request_duration_seconds_count", route="/tokenize", status="200") == 1
     assert moved(before, after, "warmpool_request_duration_seconds_count", route="/metrics", status="200") == 1
-    assert moved(before, after, "warmpool_batch_size_sum") == 7  # inputs the engine ran
-    for name in ("queue_time", "inference_time", "tokenization_time"):
-        assert moved(before, after, f"warmpool_{name}_seconds_count") == 3, name
+    assert moved(before, after, "warmpool_batch_size_sum", model="all-MiniLM-L6-v2") == 7  # inputs the engine ran
+    for name in ("queue_time", "inference_time"):  # per model
+        assert moved(before, after, f"warmpool_{name}_seconds_count", model="all-MiniLM-L6-v2") == 3, name
+    assert moved(before, after, "warmpool_tokenization_time_seconds_count") == 3
     assert after[("warmpool_queue_depth", ())] == 0
     phases = {k[1]: v for k, v in after.items() if k[0] == "warmpool_startup_phase_duration_seconds"}
     assert {dict(labels)["phase"] for labels in phases} == {
@@ -122,7 +123,8 @@ def test_disconnected_client_inputs_never_run(server: ServerProcess) -> None:
         assert blocker.result(timeout=120).status_code == 200
     wait_for(lambda: metrics(server)[("warmpool_queue_depth", ())] == 0, 30, "an empty queue")
     after = metrics(server)
-    assert moved(before, after, "warmpool_batch_size_sum") == 48  # the blocker's inputs, not the 3 left behind
+    ran = moved(before, after, "warmpool_batch_size_sum", model="all-MiniLM-L6-v2")
+    assert ran == 48  # the blocker's inputs, not the 3 left behind
     assert moved(before, after, "warmpool_client_disconnects_total") == 1
     assert after[("warmpool_inputs_in_flight", ())] == 0
 
@@ -139,7 +141,7 @@ def test_request_past_its_timeout_gets_503_and_its_queued_inputs_are_dropped(mod
         # The batch under way still runs to its end; then short requests are answered again.
         wait_for(lambda: server.post("/v1/embeddings", json={"input": "short"}).status_code == 200, 60, "a 200")
         after = metrics(server)
-        assert moved(before, after, "warmpool_batch_size_sum") < 200  # the rest never ran
+        assert moved(before, after, "warmpool_batch_size_sum", model="all-MiniLM-L6-v2") < 200  # the rest never ran
         assert after[("warmpool_inputs_in_flight", ())] == 0
     finally:
         server.stop()

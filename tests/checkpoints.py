@@ -1,0 +1,59 @@
+"""A model folder's checkpoint saved again another way: in another dtype, in shards with an index (as
+transformers' save_pretrained does for big models), or as a pickle only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def resave(src: Path, dest: Path, dtype: torch.dtype | None = None, shards: int = 1) -> Path:
+    """A copy of `src` whose model.safetensors is in `dtype` (floating tensors only) and, with
+    shards > 1, split into that many files named by model.safetensors.index.json."""
+    shutil.copytree(src, dest)
+    state = load_file(dest / "model.safetensors")
+    (dest / "model.safetensors").unlink()
+    if dtype is not None:
+        state = {k: t.to(dtype) if t.is_floating_point() else t for k, t in state.items()}
+    if shards == 1:
+        save_file(state, dest / "model.safetensors", metadata={"format": "pt"})
+        return dest
+    names = sorted(state)
+    weight_map = {}
+    for i in range(shards):
+        shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: state[k].contiguous() for k in names[i::shards]}
+        save_file(part, dest / shard, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, shard))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (dest / "model.safetensors.index.json").write_text(json.dumps(index))
+    return dest
+
+
+def pickle_only(src: Path, dest: Path) -> Path:
+    """A copy of `src` whose weights are pytorch_model.bin alone (torch.save's zip pickle)."""
+    shutil.copytree(src, dest)
+    torch.save(load_file(dest / "model.safetensors"), dest / "pytorch_model.bin")
+    (dest / "model.safetensors").unlink()
+    return dest
+
+
+def random_bert(dest: Path, tokenizer_from: Path, shape: dict[str, int], dtype: torch.dtype, shard_mb: int = 0) -> Path:
+    """A plain Hugging Face folder (served, as sentence-transformers wraps it, with mean pooling) of a
+    random BertModel of `shape` with the embedded model's tokenizer, its weights in `dtype`, in one
+    file or in shards of `shard_mb` MB. Built in a temporary folder: never committed."""
+    from transformers import BertConfig, BertModel
+
+    from tests.tiny_models import TOKENIZER_FILES
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(**shape)).eval().to(dtype)
+    model.save_pretrained(dest, **({"max_shard_size": f"{shard_mb}MB"} if shard_mb else {}))
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_from / name, dest / name)
+    return dest
