@@ -6,6 +6,7 @@ each level's time is split into windows that alternate with short raw-model runs
 meanwhile): every window is compared with the raw runs just before and after it, and a level's
 ratio is the median of its windows'.
 Usage: .venv/bin/python -m bench.load [--seconds 15] [--windows 3] [--clients 1,8,32] [--engines N]
+         [--model DIR] [--raw-texts 320]
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ from tests.server_process import ServerProcess
 class RawModel:
     """sentence-transformers `encode` on the same sentences: the baseline every ratio divides by."""
 
-    def __init__(self, texts: list[str], threads: int) -> None:
+    def __init__(self, texts: list[str], threads: int, model: Path = MODEL) -> None:
         import torch
         from sentence_transformers import SentenceTransformer
 
         torch.set_num_threads(threads)
         self.texts = texts
-        self.model = SentenceTransformer(str(MODEL), device="cpu")
+        self.model = SentenceTransformer(str(model), device="cpu")
         self.model.encode(texts[:64], batch_size=32)
 
     def throughput(self) -> float:
@@ -128,15 +129,17 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=3, help="raw-model runs interleaved per level")
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--engines", type=int, help="WARMPOOL_ENGINES (default: the server's)")
+    parser.add_argument("--model", type=Path, default=MODEL, help="a model folder (bench.shapes makes big ones)")
+    parser.add_argument("--raw-texts", type=int, default=320, help="sentences per raw-model run")
     args = parser.parse_args()
     texts = sentences(2000)
     threads = os.cpu_count() or 1
-    raw = RawModel(texts[:320], threads)
+    raw = RawModel(texts[: args.raw_texts], threads, args.model)
     levels: list[Level] = []
     single: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         extra = {"engines": args.engines} if args.engines else {}
-        server = ServerProcess(MODEL, Path(tmp) / "server.log", log_level="warning", **extra).wait_ready()
+        server = ServerProcess(args.model, Path(tmp) / "server.log", log_level="warning", **extra).wait_ready(600)
         server.wait_engines()
         try:
             for clients in (int(c) for c in args.clients.split(",")):
