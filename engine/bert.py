@@ -12,13 +12,12 @@ tokens, and attention runs per input on that input's own tokens, as TEI does wit
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from engine.layers import EncoderModel, legacy_norm_names, load_checkpoint, no_init
+from engine.layers import encoder_loader, legacy_norm_names
 from engine.packed import Packed
 
 
@@ -36,18 +35,6 @@ class Embeddings(nn.Module):
         return self.LayerNorm(x)  # type: ignore[no-any-return]
 
 
-def load(
-    folder: Path,
-    config: dict[str, Any],
-    num_labels: int | None,
-    device: torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> nn.Module:
-    with no_init():
-        model = EncoderModel(config, Embeddings(config), num_labels)
-    return load_checkpoint(model, folder, _rename, device, dtype)
-
-
 def _rename(key: str) -> str:
     """Checkpoint names -> ours: drop the task model's `bert.` prefix; the classifier's pooler and
     linear layer are our head's dense and out_proj."""
@@ -57,3 +44,6 @@ def _rename(key: str) -> str:
     if key.startswith("classifier."):
         return "head.out_proj." + key.removeprefix("classifier.")
     return key
+
+
+load = encoder_loader(Embeddings, _rename)

@@ -231,6 +231,26 @@ class EncoderModel(nn.Module):
 M = TypeVar("M", bound=nn.Module)
 
 
+def encoder_loader(
+    embeddings: Callable[[dict[str, Any]], nn.Module], rename: Callable[[str], str]
+) -> Callable[..., nn.Module]:
+    """The `load` of a BERT-shaped family (engine.families.Loader): its own embeddings under BERT's
+    encoder and head, weights by its own checkpoint names."""
+
+    def load(
+        folder: Path,
+        config: dict[str, Any],
+        num_labels: int | None,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> nn.Module:
+        with no_init():
+            model = EncoderModel(config, embeddings(config), num_labels)
+        return load_checkpoint(model, folder, rename, device, dtype)
+
+    return load
+
+
 def load_checkpoint(
     model: M, folder: Path, rename: Callable[[str], str], device: torch.device | None, dtype: torch.dtype
 ) -> M:

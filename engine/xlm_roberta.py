@@ -7,13 +7,12 @@ takes type 0). The classifier is RoBERTa's head (dense -> tanh -> out_proj on th
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from engine.layers import EncoderModel, legacy_norm_names, load_checkpoint, no_init
+from engine.layers import encoder_loader, legacy_norm_names
 from engine.packed import Packed, offset_positions
 
 
@@ -33,20 +32,11 @@ class Embeddings(nn.Module):
         return self.LayerNorm(x)  # type: ignore[no-any-return]
 
 
-def load(
-    folder: Path,
-    config: dict[str, Any],
-    num_labels: int | None,
-    device: torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> nn.Module:
-    with no_init():
-        model = EncoderModel(config, Embeddings(config), num_labels)
-    return load_checkpoint(model, folder, _rename, device, dtype)
-
-
 def _rename(key: str) -> str:
     """Checkpoint names -> ours: drop the task model's `roberta.` prefix; the classification head
     (`classifier.dense`, `classifier.out_proj`) is our head."""
     key = legacy_norm_names(key.removeprefix("roberta."))
     return "head." + key.removeprefix("classifier.") if key.startswith("classifier.") else key
+
+
+load = encoder_loader(Embeddings, _rename)

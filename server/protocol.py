@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 from server.tokenizer import Direction
 
@@ -16,6 +16,10 @@ _INPUT_SHAPES = "a string, a list of strings, a list of token ids, or a list of 
 def lower(value: Any) -> Any:
     """TEI's enums arrive as "Left"/"Right" from some clients and "left"/"right" from others."""
     return value.lower() if isinstance(value, str) else value
+
+
+# TEI's truncation_direction, in any case
+TruncationDirection = Annotated[Direction, BeforeValidator(lower)]
 
 
 def check_input_shape(value: Any, field: str = "input") -> Any:
@@ -119,12 +123,7 @@ class RerankRequest(Body):
     raw_scores: bool = False
     return_text: bool = False
     truncate: bool | None = None
-    truncation_direction: Direction = "right"
-
-    @field_validator("truncation_direction", mode="before")
-    @classmethod
-    def _direction(cls, value: Any) -> Any:
-        return lower(value)
+    truncation_direction: TruncationDirection = "right"
 
 
 class TokenizeRequest(Body):

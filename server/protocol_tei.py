@@ -2,45 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
 
-from pydantic import Field, StrictInt, StrictStr, field_validator
+from pydantic import BeforeValidator, Field, StrictInt, StrictStr
 
-from server.protocol import Body, TextOrTokens, check_input_shape, lower
-from server.tokenizer import Direction
+from server.protocol import Body, TextOrTokens, TruncationDirection, check_input_shape
+
+# TEI's `inputs`: texts or token ids, with one clear error for a wrong shape
+Inputs = Annotated[TextOrTokens, BeforeValidator(lambda value: check_input_shape(value, "inputs"))]
 
 
 class TEIOptions(Body):
     """What TEI's text routes share: truncation (off by default) and its side, and a prompt name."""
 
     truncate: bool | None = None
-    truncation_direction: Direction = "right"
+    truncation_direction: TruncationDirection = "right"
     prompt_name: str | None = None
-
-    @field_validator("truncation_direction", mode="before")
-    @classmethod
-    def _direction(cls, value: Any) -> Any:
-        return lower(value)
 
 
 class TEIEmbedRequest(TEIOptions):
-    inputs: TextOrTokens
+    inputs: Inputs
     normalize: bool = True
     dimensions: int | None = Field(None, ge=1)
 
-    @field_validator("inputs", mode="before")
-    @classmethod
-    def _inputs_shape(cls, value: Any) -> Any:
-        return check_input_shape(value, "inputs")
-
 
 class TEIEmbedAllRequest(TEIOptions):
-    inputs: TextOrTokens
-
-    @field_validator("inputs", mode="before")
-    @classmethod
-    def _inputs_shape(cls, value: Any) -> Any:
-        return check_input_shape(value, "inputs")
+    inputs: Inputs
 
 
 class TEIPredictRequest(Body):
@@ -49,13 +36,8 @@ class TEIPredictRequest(Body):
 
     inputs: StrictStr | list[StrictStr] | list[list[StrictStr]]
     truncate: bool | None = None
-    truncation_direction: Direction = "right"
+    truncation_direction: TruncationDirection = "right"
     raw_scores: bool = False
-
-    @field_validator("truncation_direction", mode="before")
-    @classmethod
-    def _direction(cls, value: Any) -> Any:
-        return lower(value)
 
 
 class SimilarityInput(Body):
