@@ -106,7 +106,8 @@ def test_sigterm_finishes_in_flight_requests(model_dir: Path, log_path: Path) ->
 
     with ThreadPoolExecutor(24) as pool:
         futures = [pool.submit(post) for _ in range(24)]
-        wait_for(lambda: server.startup()["in_flight"] >= 20, 30, "20 requests in flight")
+        # every request in flight before SIGTERM (one arriving after it is rightly answered 503)
+        wait_for(lambda: server.startup()["in_flight"] >= 24, 30, "24 requests in flight")
         server.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: server.get("/health/ready").status_code == 503, 10, "draining readiness")
         late = server.post("/v1/embeddings", json={"input": "late"})
