@@ -66,8 +66,11 @@ class Settings(BaseSettings):
         pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
         description="auto (cuda when a GPU is visible, else cpu), cpu, cuda (one engine per GPU) or cuda:N.",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Compute dtype; auto: float32 on the CPU, bfloat16 on GPUs that have it, else float16."
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
+        "auto",
+        description="Compute dtype; auto: float32 on the CPU, bfloat16 on GPUs that have it, else float16. "
+        "On the CPU bfloat16/float16 only where it has instructions for them; int8 (CPU only): the layers' "
+        "projections in int8, quantized dynamically, the rest float32.",
     )
     allow_bin_weights: Literal["on", "off"] = Field(
         "off",

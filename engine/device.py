@@ -18,6 +18,7 @@ import torch
 from common.modelfolder import ModelError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+INT8 = "int8"  # float32 compute with the layers' projections in int8 (engine/int8.py); CPU only
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,12 @@ class Placement:
     device: torch.device
     dtype: torch.dtype
     detail: dict[str, Any] = field(default_factory=dict)  # for the engine phase
+    int8: bool = False
+
+    @property
+    def precision(self) -> str:
+        """What the engine computes in: a dtype's name, or int8."""
+        return INT8 if self.int8 else str(self.dtype).removeprefix("torch.")
 
     @property
     def cuda(self) -> bool:
@@ -35,8 +42,10 @@ def place(device: str, dtype: str, weights: list[Path]) -> Placement:
     """The engine's device and dtype. On CUDA the weight files are read into the page cache on a
     thread while CUDA initialises, so the one overlaps the other."""
     if not device.startswith("cuda"):
-        chosen = torch.float32 if dtype == "auto" else DTYPES[dtype]
-        return Placement(torch.device("cpu"), chosen, {"device": "cpu", "dtype": str(chosen).removeprefix("torch.")})
+        chosen = cpu_dtype(dtype)
+        return Placement(torch.device("cpu"), chosen, {"device": "cpu", "dtype": dtype_label(dtype)}, dtype == INT8)
+    if dtype == INT8:
+        raise ModelError("dtype int8 runs on the CPU only; on a GPU use bfloat16 or float16 (or auto)")
     reader = threading.Thread(target=_read_ahead, args=(weights,), name="weights-read-ahead", daemon=True)
     reader.start()
     started = time.monotonic()
@@ -57,6 +66,34 @@ def place(device: str, dtype: str, weights: list[Path]) -> Placement:
         "cuda_init_s": round(init_s, 3),
     }
     return Placement(target, chosen, detail)
+
+
+def cpu_dtype(dtype: str) -> torch.dtype:
+    """The compute dtype on the CPU for a WARMPOOL_DTYPE value. bfloat16 and float16 only where the
+    CPU has instructions for them (oneDNN's own test: AVX512-BF16 or AMX for bfloat16, AVX512-FP16 or
+    AMX-FP16 for float16): elsewhere torch emulates them, slower than float32 and no smaller in
+    activations, so a user asking for them would get the opposite of what they asked for."""
+    if dtype in ("auto", "float32", INT8):
+        return torch.float32
+    chosen = DTYPES[dtype]
+    if not cpu_has(chosen):
+        hint = "AVX512-BF16 or AMX" if chosen == torch.bfloat16 else "AVX512-FP16 or AMX-FP16"
+        raise ModelError(
+            f"dtype {dtype}: this CPU has no {dtype} instructions ({hint}); use float32, or int8 for speed"
+        )
+    return chosen
+
+
+def cpu_has(dtype: torch.dtype) -> bool:
+    """Whether the CPU computes `dtype` in its own instructions (oneDNN's check)."""
+    checks = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
+    check = getattr(torch.ops.mkldnn, checks[dtype], None) if dtype in checks else None
+    return dtype == torch.float32 or (check is not None and torch.backends.mkldnn.is_available() and bool(check()))
+
+
+def dtype_label(dtype: str) -> str:
+    """The phase's name for what a CPU engine computes in."""
+    return dtype if dtype in (INT8, *DTYPES) else "float32"
 
 
 def memory_detail(placement: Placement) -> dict[str, Any]:

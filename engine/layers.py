@@ -45,14 +45,24 @@ class SelfAttention(nn.Module):
         """One [H, 3H] projection instead of three: one GEMM per layer instead of three. The fused
         copy is the one weight not on the mapped file; built in the forkserver (engine/preloaded.py)
         it is one copy every engine shares."""
-        self.qkv_weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
-        self.qkv_bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        self.qkv = stacked(self.query, self.key, self.value)
         del self.query, self.key, self.value  # the fused copy is the one used: keep one in memory
 
     def forward(self, x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
         size = x.shape[-1] // self.heads
-        q, k, v = (t.view(-1, self.heads, size) for t in F.linear(x, self.qkv_weight, self.qkv_bias).chunk(3, dim=-1))
+        q, k, v = (t.view(-1, self.heads, size) for t in self.qkv(x).chunk(3, dim=-1))
         return attend(q, k, v, p, bias)
+
+
+def stacked(*parts: nn.Linear) -> nn.Linear:
+    """One projection computing `parts` side by side (their weights stacked): one GEMM instead of
+    several. A module, not a bare tensor, so that .to() and int8 quantization (engine/int8.py) see it."""
+    fused = nn.Linear(1, 1, bias=parts[0].bias is not None)  # 1 x 1: nothing worth initialising
+    fused.in_features, fused.out_features = parts[0].in_features, sum(p.out_features for p in parts)
+    fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
+    if fused.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+    return fused
 
 
 def attend(
@@ -267,7 +277,7 @@ def load_checkpoint(
     missing, _ = model.load_state_dict(state, strict=False, assign=True)
     if missing:
         raise ModelError(f"cannot load model from {folder}: weights missing for {missing[:5]}")
-    model = model.to(dtype)  # before fusing: the fused QKV tensors are plain attributes .to() would miss
+    model = model.to(dtype)  # before fusing: one conversion, then one fused copy
     for module in model.modules():
         if isinstance(module, SelfAttention):
             module.fuse()

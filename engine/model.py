@@ -9,7 +9,7 @@ import torch
 
 from common.modelfolder import ModelError, ModelFolder
 from common.wire import Tokens
-from engine import dense, preloaded
+from engine import dense, int8, preloaded
 from engine.device import Placement
 from engine.packed import Packed
 from engine.pooling import pool, pool_packed
@@ -29,9 +29,12 @@ class PoolingModel:
         self.pad_id = int(config.get("pad_token_id") or 0)
         self.uses_types = bool(config.get("type_vocab_size"))
         if info.native:  # built in the forkserver where it could be (engine/preloaded.py)
-            self.model, self.weights = preloaded.native_model(info, device, dtype)
+            self.model, self.weights = preloaded.native_model(info, self.placement)
         else:
             self.model, self.weights = _transformers_model(info, device, dtype), {"weights": "engine"}
+            if self.placement.int8:
+                int8.quantize(self.model)
+        self.weights.update(int8.describe(self.model))
         self.dense = dense.load(info.dense, device, dtype) if info.kind == "embedding" else None
 
     @property

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from common.modelfolder import ModelError
-from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, no_init, rotary_base, rotate
+from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, no_init, rotary_base, rotate, stacked
 from engine.packed import Packed
 
 GLOBAL = "global"  # every layer's rotary kind
@@ -144,13 +143,11 @@ class MLP(nn.Module):
     def join(self) -> None:
         """One GEMM for up and gate: Nomic's two projections stacked as GTE stores them."""
         if hasattr(self, "up"):
-            self.joined = torch.cat([self.up.weight, self.gate.weight])
+            self.up_gate = stacked(self.up, self.gate)
             del self.up, self.gate  # keep one copy in memory
-        else:
-            self.joined = self.up_gate.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up, gate = F.linear(x, self.joined).chunk(2, dim=-1)
+        up, gate = self.up_gate(x).chunk(2, dim=-1)
         return self.down(self.act(gate) * up)  # type: ignore[no-any-return]
 
 

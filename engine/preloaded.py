@@ -5,7 +5,7 @@ a weight, so a model built there is one copy for every engine and every re-fork,
 and copies nothing. Weights that are views on the mapped checkpoint (engine/checkpoint.py) are
 shared through the page cache wherever they are loaded; what building here adds is that the tensors
 *not* on the file are shared too: fused projections (BERT's QKV, Qwen3's) and weights converted to
-the compute dtype (a bfloat16/float16 checkpoint served in float32). Built in each engine instead,
+the compute dtype (a bfloat16/float16 checkpoint served in float32) and int8 projections. Built in each engine instead,
 each of those is a private copy per engine: measured on a BERT-large-shaped checkpoint, 300 MB of
 fused QKV per engine from float32 and the whole 1.34 GB model per engine from bfloat16 (README,
 Memory). A shared-memory file the first engine fills would share them too, but needs a cleanup owner
@@ -28,8 +28,9 @@ import torch
 from torch import nn
 
 from common.modelfolder import ModelFolder, read_model_folder
-from engine import families
+from engine import families, int8
 from engine.checkpoint import release_unused_pages
+from engine.device import Placement, place
 
 
 @dataclass(frozen=True)
@@ -41,51 +42,49 @@ class Built:
     error: str | None = None
 
 
-# (model folder, dtype name) -> what the forkserver built; empty in any other process
+# (model folder, precision: a dtype's name or int8) -> what the forkserver built; empty in any other process
 BUILT: dict[tuple[str, str], Built] = {}
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def build(info: ModelFolder, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """The folder's model on its native family's module (engine.families), holding no more of the
-    mapped checkpoint than its weights lie on."""
+def build(info: ModelFolder, placement: Placement) -> nn.Module:
+    """The folder's model on its native family's module (engine.families), its projections in int8
+    if asked, holding no more of the mapped checkpoint than its weights lie on."""
     labels = None if info.kind == "embedding" else len(info.id2label)
     # without autograd: a fused copy made with it keeps the tensors it was made of alive in its graph
     with torch.no_grad():
-        model = families.load(info.path, info.config, labels, device, dtype, info.score_tokens)
+        model = families.load(info.path, info.config, labels, placement.device, placement.dtype, info.score_tokens)
+        if placement.int8:
+            int8.quantize(model)
     release_unused_pages(model, info.path)
     return model
 
 
 def build_all(entries: list[tuple[str, str]]) -> None:
-    """Build each (folder, dtype) on the CPU, keeping the model or the error. On one torch thread:
+    """Build each (folder, precision) on the CPU, keeping the model or the error. On one torch thread:
     a forked child cannot use GNU OpenMP's pool if its parent started one, and at one thread torch
     never starts it."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for folder, dtype in entries:
+        for folder, precision in entries:
             started = time.monotonic()
             try:
                 info = read_model_folder(Path(folder))
-                model = build(info, torch.device("cpu"), getattr(torch, dtype)) if info.native else None
-                BUILT[(folder, dtype)] = Built(model, time.monotonic() - started)
+                model = build(info, place("cpu", precision, [])) if info.native else None
+                BUILT[(folder, precision)] = Built(model, time.monotonic() - started)
             except Exception as exc:  # kept for the engine, which loads the model itself and reports it
-                BUILT[(folder, dtype)] = Built(None, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+                BUILT[(folder, precision)] = Built(None, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
     finally:
         torch.set_num_threads(threads)
 
 
-def native_model(info: ModelFolder, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, dict[str, Any]]:
+def native_model(info: ModelFolder, placement: Placement) -> tuple[nn.Module, dict[str, Any]]:
     """The folder's native model and, for the engine phase, where its weights came from: `forkserver`
     (built there, inherited: nothing read or copied here) or `engine` (loaded here)."""
-    built = BUILT.get((str(info.path), dtype_name(dtype))) if device.type == "cpu" else None
+    built = BUILT.get((str(info.path), placement.precision)) if not placement.cuda else None
     if built is not None and built.model is not None:
         return built.model, {"weights": "forkserver", "forkserver_build_s": round(built.seconds, 3)}
     detail: dict[str, Any] = {"weights": "engine"}
     if built is not None and built.error:
         detail["forkserver_error"] = built.error
-    return build(info, device, dtype), detail
+    return build(info, placement), detail

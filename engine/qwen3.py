@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.modelfolder import ModelError
-from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, no_init, rotary_base, rotate
+from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, no_init, rotary_base, rotate, stacked
 from engine.packed import Packed
 
 FULL = "full_attention"
@@ -72,13 +72,12 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         """One projection for q, k and v: one GEMM per layer instead of three."""
         parts = (self.q_proj, self.k_proj, self.v_proj)
-        self.qkv_weight = torch.cat([m.weight for m in parts])
-        self.qkv_bias = None if parts[0].bias is None else torch.cat([m.bias for m in parts])
+        self.qkv = stacked(*parts)
         del self.q_proj, self.k_proj, self.v_proj  # keep one copy in memory
 
     def forward(self, x: torch.Tensor, p: Packed, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         widths = (self.heads * self.size, self.kv_heads * self.size, self.kv_heads * self.size)
-        q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(widths, dim=-1)
+        q, k, v = self.qkv(x).split(widths, dim=-1)
         q = rotate(self.q_norm(q.reshape(-1, self.heads, self.size)), *rotary)
         k = rotate(self.k_norm(k.reshape(-1, self.kv_heads, self.size)), *rotary)
         v = v.reshape(-1, self.kv_heads, self.size)
@@ -97,11 +96,11 @@ class MLP(nn.Module):
         self.act = ACTIVATIONS[c.get("hidden_act", "silu")]
 
     def fuse(self) -> None:
-        self.gate_up = torch.cat([self.gate_proj.weight, self.up_proj.weight])
+        self.gate_up = stacked(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)  # type: ignore[no-any-return]
 
 

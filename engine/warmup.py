@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from common.wire import Tokens
 from engine.batching import GROUP_TOKENS
+from engine.int8 import Int8Linear
 
 SMALL = 8  # tokens in the warm-up forwards
 PROBE_TOKENS = GROUP_TOKENS  # rows of the GEMM that prices a token: a packed group's size
@@ -45,39 +45,33 @@ def warm_up(forward: Callable[[list[Tokens]], Any], model: nn.Module, token: int
     small = [Tokens([token] * SMALL)]
     first_s = _timed(lambda: forward(small), device)
     again_s = _timed(lambda: forward(small), device)
-    weights = projection_weights(model)
-    if not weights:  # nothing to price a token by: the forward's time, all of it per token
+    layers = projections(model)
+    if not layers:  # nothing to price a token by: the forward's time, all of it per token
         return Warmup(1.0, again_s / SMALL, {"forwards": [f"1x{SMALL}", f"1x{SMALL}"]})
-    flops_per_token = 2 * sum(w.numel() for w in weights)
-    widest = max(weights, key=lambda w: w.numel())
+    flops_per_token = 2 * sum(layer.in_features * layer.out_features for layer in layers)
+    widest = max(layers, key=lambda layer: layer.in_features * layer.out_features)
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())  # int8 layers take floats
     with torch.inference_mode():
-        x = torch.randn(PROBE_TOKENS, widest.shape[1], dtype=widest.dtype, device=widest.device)
-        probe_s = min(_timed(lambda: F.linear(x, widest), device) for _ in range(2))
-    flops_per_s = 2 * PROBE_TOKENS * widest.numel() / max(probe_s, 1e-9)
+        x = torch.randn(PROBE_TOKENS, widest.in_features, dtype=dtype, device=device)
+        probe_s = min(_timed(lambda: widest(x), device) for _ in range(2))
+    flops_per_s = 2 * PROBE_TOKENS * widest.in_features * widest.out_features / max(probe_s, 1e-9)
     per_token_s = max(flops_per_token / flops_per_s, 1e-9)
     overhead = min(max((again_s - SMALL * per_token_s) / per_token_s, 1.0), 512.0)
     detail = {
         "forwards": [f"1x{SMALL}", f"1x{SMALL}"],
         "first_forward_ms": round(first_s * 1000, 1),
         "forward_ms": round(again_s * 1000, 1),
-        "probe_gemm": "x".join(str(n) for n in (PROBE_TOKENS, *widest.shape)),
+        "probe_gemm": f"{PROBE_TOKENS}x{widest.out_features}x{widest.in_features}",
         "probe_gflops": round(flops_per_s / 1e9, 1),
         "mflop_per_token": round(flops_per_token / 1e6, 3),
     }
     return Warmup(overhead, per_token_s, detail)
 
 
-def projection_weights(model: nn.Module) -> list[torch.Tensor]:
-    """The 2-D weights every token goes through: parameters and fused copies (plain tensor
-    attributes), not embedding tables (a token reads one row of those)."""
-    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    found: dict[int, torch.Tensor] = {}
-    for module in model.modules():
-        for tensor in [*module.parameters(recurse=False), *vars(module).values()]:
-            is_weight = isinstance(tensor, torch.Tensor) and tensor.dim() == 2 and tensor.is_floating_point()
-            if is_weight and id(tensor) not in tables:
-                found.setdefault(tensor.data_ptr(), tensor)
-    return list(found.values())
+def projections(model: nn.Module) -> list[nn.Linear | Int8Linear]:
+    """The projections every token goes through (nn.Linear, fused or int8): not embedding tables,
+    of which a token reads one row."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear | Int8Linear)]
 
 
 def _timed(call: Callable[[], Any], device: torch.device) -> float:
