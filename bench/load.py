@@ -5,7 +5,7 @@ the same run; never asserts. This machine's speed drifts by tens of percent with
 each level's time is split into windows that alternate with short raw-model runs (the server idle
 meanwhile): every window is compared with the raw runs just before and after it, and a level's
 ratio is the median of its windows'.
-Usage: .venv/bin/python -m bench.load [--seconds 15] [--windows 3] [--clients 1,8,32] [--engines N]
+Usage: .venv/bin/python -m bench.load [--seconds 15] [--windows 3] [--clients 1,8,32] [--engines N] [--dtype int8]
          [--model DIR] [--raw-texts 320]
 """
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import MODEL, Connection, Prober, pct, run, sentences
+from bench.flops import achieved_gflops, peak_gflops
 from tests.server_process import ServerProcess
 
 
@@ -131,16 +132,20 @@ def main() -> None:
     parser.add_argument("--engines", type=int, help="WARMPOOL_ENGINES (default: the server's)")
     parser.add_argument("--model", type=Path, default=MODEL, help="a model folder (bench.shapes makes big ones)")
     parser.add_argument("--raw-texts", type=int, default=320, help="sentences per raw-model run")
+    parser.add_argument("--dtype", help="WARMPOOL_DTYPE (default: the server's); the raw model stays float32")
     args = parser.parse_args()
     texts = sentences(2000)
     threads = os.cpu_count() or 1
+    peaks = {name: peak_gflops(name) for name in ("float32", args.dtype or "float32")}
     raw = RawModel(texts[: args.raw_texts], threads, args.model)
     levels: list[Level] = []
     single: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        extra = {"engines": args.engines} if args.engines else {}
-        server = ServerProcess(args.model, Path(tmp) / "server.log", log_level="warning", **extra).wait_ready(600)
+        extra = {"engines": args.engines, "dtype": args.dtype}
+        settings = {name: value for name, value in extra.items() if value}
+        server = ServerProcess(args.model, Path(tmp) / "server.log", log_level="warning", **settings).wait_ready(600)
         server.wait_engines()
+        mflop_per_token = float(server.phase("warmup")["detail"]["mflop_per_token"])
         try:
             for clients in (int(c) for c in args.clients.split(",")):
                 if clients == 1:
@@ -150,7 +155,10 @@ def main() -> None:
                     single.append(raw.single_latency())
         finally:
             server.stop()
-    print(f"raw model: sentence-transformers encode, batch 32, {threads} threads, sentences/s")
+    print(
+        f"server dtype: {args.dtype or 'default'}; raw model: sentence-transformers encode, float32, batch 32, "
+        f"{threads} threads, sentences/s"
+    )
     for level in levels:
         print(f"  around the {level.clients}-client windows: " + " / ".join(f"{r:.1f}" for r in level.raw))
     print("clients  inputs/s  x_raw (windows)     p50_ms  p99_ms  probe_p50  probe_p99  probe_max  errors")
@@ -169,6 +177,30 @@ def main() -> None:
                 f"         1-client p50 {p50:.1f} ms - raw single-sentence p50 {raw_single:.1f} ms "
                 f"= {p50 - raw_single:+.1f} ms"
             )
+    report_flops(levels, texts, args.model, mflop_per_token, peaks)
+
+
+def report_flops(
+    levels: list[Level], texts: list[str], model: Path, mflop_per_token: float, peaks: dict[str, float]
+) -> None:
+    """Each level's matrix work per second against the peak GEMM rates measured before the run."""
+    from server.tokenizer import TokenizerPool
+
+    pool = TokenizerPool(model)
+    tokens = statistics.mean(len(pool.encode(text).input_ids) for text in texts)
+    peak_text = ", ".join(f"{name} {rate:.0f}" for name, rate in peaks.items())
+    print(
+        f"matrix work ({mflop_per_token:.1f} MFLOP/token x {tokens:.1f} tokens/input) against the peak GEMM "
+        f"measured here ({peak_text} GFLOP/s):"
+    )
+    for level in levels:
+        served = achieved_gflops(level.total.inputs_s, tokens, mflop_per_token)
+        raw = achieved_gflops(statistics.mean(level.raw), tokens, mflop_per_token)
+        shares = " / ".join(f"{served / rate:.0%} of {name}" for name, rate in peaks.items())
+        print(
+            f"  {level.clients:3d} clients: served {served:6.1f} GFLOP/s ({shares}); raw float32 {raw:6.1f} "
+            f"({raw / peaks['float32']:.0%} of float32)"
+        )
 
 
 if __name__ == "__main__":
