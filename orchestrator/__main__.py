@@ -71,7 +71,7 @@ def _refusal(settings: Settings) -> tuple[str, str] | None:
 def start_prefetch(models: list[Settings], startup: StartupState, preload: list[str]) -> None:
     """Each model's files in turn, in the configured order (the environment with the first): the
     first model's bytes are not shared with the second's reads."""
-    from orchestrator import prefetch
+    from orchestrator import prefetch, readorder
 
     def run(index: int) -> None:
         if index == len(models):
@@ -97,6 +97,7 @@ def start_prefetch(models: list[Settings], startup: StartupState, preload: list[
             on_progress=lambda d: phases.update("prefetch", **d),
             on_done=done,
             on_skip=skip,
+            views=readorder.CPU_COMPUTE[settings.dtype] if settings.resolved_device == "cpu" else None,
         )
 
     run(0)

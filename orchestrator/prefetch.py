@@ -8,6 +8,7 @@ not fit in the memory really available; every error is logged and swallowed.
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import threading
@@ -19,7 +20,8 @@ from typing import Any
 
 import structlog
 
-from common.modelfolder import files_to_load
+from common.modelfolder import ModelError, files_to_load, read_model_folder
+from orchestrator import readorder
 from orchestrator.envfiles import Extent, environment_extents, packages_for
 from orchestrator.memory import available_bytes
 
@@ -127,13 +129,16 @@ def start(
     on_progress: Callable[[Detail], None],
     on_done: Callable[[Detail], None],
     on_skip: Callable[[str], None],
+    views: str | None = None,
 ) -> None:
     """Plan the reads and read them on daemon threads; returns at once (planning reads the
-    packages' RECORD files and library headers, so the first reader does it)."""
+    packages' RECORD files and library headers, so the first reader does it). `views`: the
+    safetensors dtype a CPU engine computes in, whose vocabulary tables it leaves on the file
+    (orchestrator.readorder); None on a GPU."""
     if not enabled:
         on_skip(OFF)
         return
-    args = (folder, preload if environment else None, threads, on_progress, on_done, on_skip)
+    args = (folder, preload if environment else None, threads, views, on_progress, on_done, on_skip)
     threading.Thread(target=_plan_and_read, args=args, name="prefetch-0", daemon=True).start()
 
 
@@ -141,11 +146,13 @@ def _plan_and_read(
     folder: Path,
     preload: list[str] | None,
     threads: int,
+    views: str | None,
     on_progress: Callable[[Detail], None],
     on_done: Callable[[Detail], None],
     on_skip: Callable[[str], None],
 ) -> None:
-    progress = plan(_listed(_environment, preload), _listed(_model, folder) or [], available_bytes())
+    model = _listed(lambda f: _model(f, views), folder) or []
+    progress = plan(_listed(_environment, preload), model, available_bytes())
     reason = progress.skip_reason()
     if reason is not None:
         on_skip(reason)
@@ -184,8 +191,38 @@ def _environment(preload: list[str]) -> list[Extent]:
     return environment_extents(packages_for(preload))
 
 
-def _model(folder: Path) -> list[Extent]:
-    return [(path, 0, path.stat().st_size) for path in model_files(folder)] if folder.is_dir() else []
+def _model(folder: Path, views: str | None) -> list[Extent]:
+    """The model's files in reading order; the weights of each safetensors checkpoint (the model's,
+    then each module's) tensor by tensor as the loader reads them (orchestrator.readorder), whole
+    where a checkpoint cannot be parsed (the loader reports why)."""
+    if not folder.is_dir():
+        return []
+    vocab, views = _tables(folder, views)
+    extents: list[Extent] = []
+    for (_, checkpoint), run in itertools.groupby(
+        model_files(folder), key=lambda p: (p.parent, p.suffix == ".safetensors")
+    ):
+        paths = list(run)
+        try:
+            extents += readorder.weight_extents(paths, vocab, views) if checkpoint else _whole(paths)
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            extents += _whole(paths)
+    return extents
+
+
+def _whole(paths: list[Path]) -> list[Extent]:
+    return [(path, 0, path.stat().st_size) for path in paths]
+
+
+def _tables(folder: Path, views: str | None) -> tuple[int | None, str | None]:
+    """The vocabulary size whose tables a native engine leaves on the file in dtype `views`; no
+    tables (None, None) for a model transformers loads, which reads every tensor whole."""
+    try:
+        info = read_model_folder(folder)
+    except ModelError:
+        return None, None
+    vocab = info.config.get("vocab_size")
+    return (vocab, views) if info.native and isinstance(vocab, int) else (None, None)
 
 
 def _listed(lister: Callable[[Any], list[Extent]], arg: Any) -> list[Extent] | None:
