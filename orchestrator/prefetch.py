@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from common.modelfolder import ModelError, files_to_load, read_model_folder
-from orchestrator import readorder
+from orchestrator import readorder, residency
 from orchestrator.envfiles import Extent, environment_extents, packages_for
 from orchestrator.memory import available_bytes
 
@@ -39,7 +39,8 @@ class Group:
     """One kind of files prefetch reads: the environment's or the model's."""
 
     extents: list[Extent]  # in reading order
-    bytes_done: int = 0
+    bytes_done: int = 0  # read, or found in the page cache
+    bytes_cached: int = 0  # of those, found in the page cache: not read again
     skipped: str | None = None
 
     @property
@@ -53,7 +54,12 @@ class Group:
     def as_detail(self) -> Detail:
         if self.skipped is not None:
             return {"skipped": self.skipped}
-        return {"files": self.files, "bytes_done": self.bytes_done, "bytes_total": self.bytes_total}
+        return {
+            "files": self.files,
+            "bytes_done": self.bytes_done,
+            "bytes_total": self.bytes_total,
+            "bytes_cached": self.bytes_cached,
+        }
 
 
 @dataclass
@@ -71,12 +77,14 @@ class Progress:
     def as_detail(self) -> Detail:
         """Totals over what is read, then each group on its own."""
         done = sum(g.bytes_done for g in self.groups)
+        cached = sum(g.bytes_cached for g in self.groups)
         elapsed = max(time.monotonic() - self.started, 1e-6)
         return {
             "files": sum(g.files for g in self.groups),
             "bytes_done": done,
             "bytes_total": sum(g.bytes_total for g in self.groups),
-            "mb_per_s": round(done / elapsed / 1e6, 1),
+            "bytes_cached": cached,
+            "mb_per_s": round((done - cached) / elapsed / 1e6, 1),  # what was read, not what was found
             "errors": self.errors,
             "environment": self.environment.as_detail(),
             "model": self.model.as_detail(),
@@ -171,9 +179,11 @@ def _plan_and_read(
                 group, path, offset, length = blocks.get_nowait()
             except queue.Empty:
                 break
-            read = _read_block(path, offset, length)
+            cached = _cached(path, offset, length)
+            read = length if cached else _read_block(path, offset, length)
             with lock:
                 group.bytes_done += max(read, 0)
+                group.bytes_cached += length if cached else 0
                 progress.errors += read < 0
                 on_progress(progress.as_detail())
         with lock:
@@ -235,6 +245,18 @@ def _listed(lister: Callable[[Any], list[Extent]], arg: Any) -> list[Extent] | N
     except Exception as exc:
         log.warning("prefetch_listing_failed", error=str(exc))
         return []
+
+
+def _cached(path: Path, offset: int, length: int) -> bool:
+    """The block is in the page cache already (and this process may know it): nothing to read."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False  # _read_block reports it
+    try:
+        return residency.all_resident(fd, offset, length)
+    finally:
+        os.close(fd)
 
 
 def _read_block(path: Path, offset: int, length: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import prefetch
+from orchestrator import prefetch, residency
 from orchestrator.elf import dynamic_section, loaded_segments
 from orchestrator.envfiles import environment_extents, environment_files, linked_closure, packages_for
 from orchestrator.forkserver import ENGINE, TRANSFORMERS
@@ -324,9 +325,14 @@ class Run:
 
 
 def run_prefetch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enabled: bool = True, environment: bool = True
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    enabled: bool = True,
+    environment: bool = True,
+    evicted: bool = True,
 ) -> Run:
-    """prefetch.start with one reader over a small model folder and two stand-in environment files."""
+    """prefetch.start with one reader over a small model folder and two stand-in environment files,
+    none of them in the page cache (unless not `evicted`: just written, all of them are)."""
     folder = folder_with(tmp_path, "config.json", "model.safetensors")
     (folder / "model.safetensors").write_bytes(bytes(3000))
     env = [tmp_path / "env" / "libbase.so", tmp_path / "env" / "libtop.so"]
@@ -342,6 +348,8 @@ def run_prefetch(
         return real_read(path, offset, length)
 
     monkeypatch.setattr(prefetch, "_read_block", recording_read)
+    if evicted:
+        monkeypatch.setattr(prefetch, "_cached", lambda path, offset, length: False)
     prefetch.start(folder, [ENGINE], 1, enabled, environment, lambda d: None, run.done, run.skip)
     assert run.finished.wait(30), "prefetch neither finished nor skipped"
     return run
@@ -352,9 +360,45 @@ def test_the_phase_detail_reports_the_environment_and_the_model_separately(
 ) -> None:
     """Each group's files and bytes, and the totals over both."""
     detail = run_prefetch(tmp_path, monkeypatch).detail
-    assert detail["environment"] == {"files": 2, "bytes_done": 3000, "bytes_total": 3000}
-    assert detail["model"] == {"files": 2, "bytes_done": 3002, "bytes_total": 3002}
+    assert detail["environment"] == {"files": 2, "bytes_done": 3000, "bytes_total": 3000, "bytes_cached": 0}
+    assert detail["model"] == {"files": 2, "bytes_done": 3002, "bytes_total": 3002, "bytes_cached": 0}
     assert (detail["files"], detail["bytes_done"], detail["bytes_total"]) == (4, 6002, 6002)
+
+
+def test_what_is_in_the_page_cache_already_is_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files still in the page cache (just written) are counted done and cached, and never read."""
+    run = run_prefetch(tmp_path, monkeypatch, evicted=False)
+    assert run.read == []
+    assert run.detail["bytes_cached"] == run.detail["bytes_done"] == run.detail["bytes_total"] == 6002
+    assert run.detail["model"]["bytes_cached"] == 3002 and run.detail["mb_per_s"] == 0
+
+
+def test_pages_evicted_from_the_page_cache_are_not_resident(tmp_path: Path) -> None:
+    """A file's pages dropped from the page cache read as not resident; after reading it, resident."""
+    path = tmp_path / "weights"
+    path.write_bytes(bytes(1 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert not residency.all_resident(fd, 4096, 100_000)
+        os.pread(fd, 1 << 20, 0)
+        assert residency.all_resident(fd, 4096, 100_000)
+    finally:
+        os.close(fd)
+
+
+def test_mincore_is_not_trusted_for_someone_elses_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a file another user owns (mincore then answers "all resident" whatever the truth), the
+    block counts as not cached: it is read."""
+    path = tmp_path / "weights"
+    path.write_bytes(bytes(8192))
+    monkeypatch.setattr(residency.os, "geteuid", lambda: os.stat(path).st_uid + 1)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert not residency.trustworthy(fd) and not residency.all_resident(fd, 0, 8192)
+    finally:
+        os.close(fd)
 
 
 def test_the_environment_is_read_before_the_model_in_listed_order(
