@@ -14,7 +14,6 @@ import ctypes
 import ctypes.util
 import mmap
 import os
-from pathlib import Path
 
 PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
