@@ -60,6 +60,7 @@ class EngineSpec:
     device: str = "cpu"  # cpu or cuda:N: CUDA is initialised in the engine, after the fork
     dtype: str = "auto"
     allow_bin_weights: bool = False  # unpickle pytorch_model.bin (weights_only) where there is no safetensors
+    quiet_wait_s: float = 0.0  # before warming up, wait up to this long for the other engines to be idle
 
 
 def send(conn: Connection, message: tuple[str, Any]) -> None:

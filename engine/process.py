@@ -56,6 +56,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                 },
             ),
         )
+        share.wait_quiet(spec.quiet_wait_s)
         share.working()
         warmup = model.warm_up()
         overhead = warmup.overhead_tokens

@@ -27,6 +27,7 @@ from orchestrator.envfiles import Extent
 # WARMPOOL_DTYPE -> the safetensors dtype a CPU engine computes in (int8: float32 around int8 projections)
 CPU_COMPUTE = {"auto": "F32", "float32": "F32", "int8": "F32", "bfloat16": "BF16", "float16": "F16"}
 HEADER_LIMIT = 100 << 20  # safetensors' own bound on a header
+ITEM_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2}
 
 
 def natural_key(name: str) -> list[tuple[int, int | str]]:
@@ -73,6 +74,27 @@ def weight_extents(weights: list[Path], vocab_size: int | None, views: str | Non
             (last if table else now).append((natural_key(name), (path, begin, end - begin)))
     ordered = headers + [extent for _, extent in sorted(now, key=lambda item: item[0])]
     return merged(ordered + [extent for _, extent in sorted(last, key=lambda item: item[0])])
+
+
+def converted_bytes(weights: list[Path], compute: str | None) -> int:
+    """The memory a CPU engine's build allocates for the checkpoint's floating-point tensors that are
+    not in its compute dtype (a bfloat16 checkpoint served in float32: twice the file), beside the
+    page cache; 0 on a GPU (`compute` None), whose copies are in the GPU's memory."""
+    if compute not in ITEM_BYTES:
+        return 0
+    total = 0
+    for path in weights:
+        for _, dtype, shape, _, _ in tensors(path)[1]:
+            if dtype in ITEM_BYTES and dtype != compute:
+                total += ITEM_BYTES[compute] * _count(shape)
+    return total
+
+
+def _count(shape: list[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
 
 
 def merged(extents: list[Extent]) -> list[Extent]:

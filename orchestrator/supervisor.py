@@ -32,6 +32,9 @@ STOP_GRACE_S = 5.0
 # At shutdown an engine gets this long to finish its batch before it is killed: whatever it held
 # has been answered 503 already, and the drain must end within WARMPOOL_DRAIN_TIMEOUT + ~2 s.
 SHUTDOWN_GRACE_S = 1.0
+# How long an engine started after the first waits for the serving engines to be idle before it warms
+# up: the first requests after ready get the cores, a steady load delays the second engine this much.
+FOLLOWER_QUIET_S = 2.0
 
 log = structlog.get_logger("warmpool.supervisor")
 
@@ -79,7 +82,10 @@ class EngineSupervisor:
         self._stopping = threading.Event()
         self._lost: queue.SimpleQueue[int | None] = queue.SimpleQueue()
 
-    def spec(self, slot: int) -> EngineSpec:
+    def spec(self, slot: int, follower: bool = False) -> EngineSpec:
+        """What engine `slot` starts with; a `follower` (a CPU engine started after the first, at
+        start-up) warms up when the engines serving are idle, within FOLLOWER_QUIET_S."""
+        cpu = self.settings.resolved_device == "cpu"
         return EngineSpec(
             model_path=self.settings.model_path,
             slot=slot,
@@ -91,6 +97,7 @@ class EngineSupervisor:
             device=engine_device(self.settings.resolved_device, slot, self.settings.gpus),
             dtype=self.settings.dtype,
             allow_bin_weights=self.settings.allow_bin_weights == "on",
+            quiet_wait_s=FOLLOWER_QUIET_S if follower and cpu else 0.0,
         )
 
     @property
@@ -180,20 +187,20 @@ class EngineSupervisor:
     def _start_others(self) -> None:
         for slot in range(1, self.count):
             try:
-                self._bring_up(slot)
+                self._bring_up(slot, follower=True)
             except EngineStartError as exc:
                 if self._stopping.is_set():
                     return
                 log.error("engine_start_failed", slot=slot, error=str(exc))
                 self._lost.put(slot)  # the supervisor retries it within the restart budget
 
-    def _fork(self, slot: int) -> tuple[multiprocessing.process.BaseProcess, Connection]:
+    def _fork(self, slot: int, follower: bool = False) -> tuple[multiprocessing.process.BaseProcess, Connection]:
         if self._stopping.is_set():
             raise EngineStartError("stopping")
         parent, child = self.method.ctx.Pipe(duplex=True)
         process = self.method.ctx.Process(  # type: ignore[attr-defined]
             target=entry.engine_main,
-            args=(child, self.spec(slot), self.busy),
+            args=(child, self.spec(slot, follower), self.busy),
             name=f"warmpool-engine-{slot}",
             daemon=True,
         )
@@ -211,8 +218,8 @@ class EngineSupervisor:
         self.startup.update("engine", **self._detail())
         log.info("engine_ready", slot=slot, pid=self.pids[slot], up=len(self._up))
 
-    def _bring_up(self, slot: int) -> None:
-        process, conn = self._fork(slot)
+    def _bring_up(self, slot: int, follower: bool = False) -> None:
+        process, conn = self._fork(slot, follower)
         deadline = None if self._start_limit_s is None else time.monotonic() + self._start_limit_s
         self._expect(conn, process, Msg.LOADED, deadline)
         self._ready(slot, conn, self._expect(conn, process, Msg.READY, deadline))

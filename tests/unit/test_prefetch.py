@@ -279,6 +279,15 @@ def test_the_environment_is_dropped_when_it_would_not_fit_beside_the_model() -> 
     assert "exceed 90% of available memory" in str(progress.environment.skipped)
 
 
+def test_the_model_is_not_read_when_its_converted_copy_leaves_no_room_for_it() -> None:
+    """A 50 MB model that fits in 100 MB available is not read ahead when the engine's build will
+    allocate 60 MB beside it (a converted copy): read early, its pages would be evicted before use."""
+    progress = plan(None, sized("model.safetensors", 50 * MB), available=100 * MB, reserved=60 * MB)
+    assert progress.groups == []
+    assert "less the 60000000 B the engine converts the weights into" in str(progress.model.skipped)
+    assert plan(None, sized("model.safetensors", 50 * MB), available=100 * MB, reserved=20 * MB).groups
+
+
 def test_the_environment_alone_is_read_when_the_model_is_too_big() -> None:
     """A model over the limit is skipped (as before); the environment still fits on its own."""
     progress = plan(sized("libtorch.so", 50 * MB), sized("model.safetensors", 95 * MB), available=100 * MB)
@@ -430,3 +439,18 @@ def test_the_ram_guard_applies_to_the_environment_in_a_real_start(
     run = run_prefetch(tmp_path, monkeypatch)
     assert run.read == ["config.json", "model.safetensors"]
     assert "exceed 90% of available memory" in run.detail["environment"]["skipped"]
+
+
+def test_a_fast_volume_leaves_the_rest_to_the_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the model's first PROBE_BYTES came at FAST_MB_S or more, the prefetch reads no more of
+    the model and says why; at a slower pace it reads everything."""
+    monkeypatch.setattr(prefetch, "PROBE_BYTES", 1000)
+    monkeypatch.setattr(prefetch, "BLOCK", 1000)
+    monkeypatch.setattr(prefetch, "FAST_MB_S", 0.0)  # any pace is fast
+    fast = run_prefetch(tmp_path / "fast", monkeypatch, environment=False)
+    assert fast.read == ["config.json", "model.safetensors"]  # 2 bytes, then the first 1000 of 3000
+    assert fast.detail["model"]["bytes_done"] == 1002
+    assert "the loader's own reads keep up" in fast.detail["model"]["stopped"]
+    monkeypatch.setattr(prefetch, "FAST_MB_S", float("inf"))
+    slow = run_prefetch(tmp_path / "slow", monkeypatch, environment=False)
+    assert slow.detail["model"]["bytes_done"] == 3002 and "stopped" not in slow.detail["model"]

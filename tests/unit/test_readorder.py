@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from orchestrator import prefetch
-from orchestrator.readorder import natural_key, tensors, weight_extents
+from orchestrator.readorder import converted_bytes, natural_key, tensors, weight_extents
 
 VOCAB = 50
 
@@ -92,3 +92,13 @@ def test_only_a_native_models_tables_are_set_aside(tiny, name: str, deferred: bo
     path = folder / "model.safetensors"
     order = names_in_order(path, [e for e in extents if e[0] == path])
     assert (order[-1].endswith("word_embeddings.weight")) is deferred
+
+
+def test_a_converted_checkpoint_reserves_its_copy_in_the_compute_dtype(tmp_path: Path) -> None:
+    """A bfloat16 checkpoint computed in float32 is built into twice its tensors' bytes; one already
+    in the compute dtype, or loaded onto a GPU, into nothing beside the page cache."""
+    half = checkpoint(tmp_path / "half.safetensors", torch.bfloat16)
+    full = checkpoint(tmp_path / "full.safetensors")
+    tensor_bytes = sum(end - begin for *_, begin, end in tensors(half)[1])
+    assert converted_bytes([half], "F32") == 2 * tensor_bytes
+    assert converted_bytes([full], "F32") == converted_bytes([half], "BF16") == converted_bytes([half], None) == 0
