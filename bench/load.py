@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import os
 import random
 import statistics
@@ -111,17 +112,44 @@ class Level:
     total: Window
     ratios: list[float]  # each window's inputs/s over the raw runs around it
     raw: list[float]  # raw-model sentences/s before the first window and after each
+    stages: dict[str, float] = field(default_factory=dict)  # the server's mean ms per stage (STAGES)
 
 
 def run_level(port: int, raw: RawModel, clients: int, seconds: float, windows: int, texts: list[str]) -> Level:
     rates = [raw.throughput()]
     total, ratios = Window(), []
+    before = server_times(port)
     for _ in range(windows):
         window = run(load(port, clients, seconds / windows, texts))
         rates.append(raw.throughput())
         ratios.append(window.inputs_s / statistics.mean(rates[-2:]))
         total += window
-    return Level(clients, total, ratios, rates)
+    after = server_times(port)
+    means = {
+        name: (after[name][0] - before[name][0]) / max(after[name][1] - before[name][1], 1) * 1000 for name in after
+    }
+    return Level(clients, total, ratios, rates, means)
+
+
+# The server's own histograms: where a request's time goes inside it (milliseconds, means per level)
+STAGES = {
+    "handler": 'warmpool_request_duration_seconds_{}{{route="/v1/embeddings",status="200"}}',
+    "tokenize": "warmpool_tokenization_time_seconds_{}",
+    "queue": 'warmpool_queue_time_seconds_{}{{model="default"}}',
+    "forward": 'warmpool_inference_time_seconds_{}{{model="default"}}',
+}
+
+
+def server_times(port: int) -> dict[str, tuple[float, float]]:
+    """Each stage's (sum of seconds, count) so far, from /metrics."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    lines = dict(line.rsplit(" ", 1) for line in conn.getresponse().read().decode().splitlines() if line[:1] != "#")
+    conn.close()
+    return {
+        name: (float(lines.get(key.format("sum"), 0)), float(lines.get(key.format("count"), 0)))
+        for name, key in STAGES.items()
+    }
 
 
 def main() -> None:
@@ -176,6 +204,13 @@ def main() -> None:
             print(
                 f"         1-client p50 {p50:.1f} ms - raw single-sentence p50 {raw_single:.1f} ms "
                 f"= {p50 - raw_single:+.1f} ms"
+            )
+            m = level.stages
+            rest, client = m["handler"] - m["tokenize"] - m["queue"] - m["forward"], statistics.mean(t.latencies)
+            print(
+                f"         1-client means, ms: at the client {client:.2f} = in the handler {m['handler']:.2f} "
+                f"(tokenize {m['tokenize']:.2f}, to the engine {m['queue']:.2f}, forward {m['forward']:.2f}, "
+                f"the rest {rest:.2f}) + outside it {client - m['handler']:.2f}"
             )
     report_flops(levels, texts, args.model, mflop_per_token, peaks)
 

@@ -22,6 +22,7 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+SAMPLES = 16  # pages checked per stretch
 
 
 def trustworthy(fd: int) -> bool:
@@ -31,8 +32,11 @@ def trustworthy(fd: int) -> bool:
 
 
 def all_resident(fd: int, offset: int, length: int) -> bool:
-    """Every page of [offset, offset + length) of the open file is in the page cache; False when
-    that cannot be told (an answer nobody may trust, a failed call)."""
+    """The pages of [offset, offset + length) of the open file are in the page cache, by SAMPLES pages
+    spread over it (the first and the last among them): mincore costs ~70 ns a page, 70 ms of a core
+    for a cached 4 GB checkpoint page by page, 3 ms so. A stretch with pages missing between the
+    samples is left to the loader's own reads. False when it cannot be told (an answer nobody may
+    trust, a failed call)."""
     if length <= 0 or not trustworthy(fd):
         return False
     start = offset // PAGE * PAGE
@@ -42,9 +46,11 @@ def all_resident(fd: int, offset: int, length: int) -> bool:
         return False
     try:
         pages = (size + PAGE - 1) // PAGE
-        vec = (ctypes.c_ubyte * pages)()
-        if _libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
-            return False
-        return 0 not in bytes(vec)  # 1 per resident page (the other bits are reserved, 0)
+        sampled = sorted({page * (pages - 1) // max(SAMPLES - 1, 1) for page in range(SAMPLES)})
+        vec = (ctypes.c_ubyte * 1)()
+        for page in sampled:
+            if _libc.mincore(ctypes.c_void_p(addr + page * PAGE), PAGE, vec) != 0 or not vec[0] & 1:
+                return False
+        return True
     finally:
         _libc.munmap(ctypes.c_void_p(addr), size)
