@@ -131,25 +131,27 @@ def run_level(port: int, raw: RawModel, clients: int, seconds: float, windows: i
     return Level(clients, total, ratios, rates, means)
 
 
-# The server's own histograms: where a request's time goes inside it (milliseconds, means per level)
+# The server's own histograms: where a request's time goes inside it (milliseconds, means per level):
+# metric, and a label every counted line must carry
 STAGES = {
-    "handler": 'warmpool_request_duration_seconds_{}{{route="/v1/embeddings",status="200"}}',
-    "tokenize": "warmpool_tokenization_time_seconds_{}",
-    "queue": 'warmpool_queue_time_seconds_{}{{model="default"}}',
-    "forward": 'warmpool_inference_time_seconds_{}{{model="default"}}',
+    "handler": ("warmpool_request_duration_seconds", 'route="/v1/embeddings",status="200"'),
+    "tokenize": ("warmpool_tokenization_time_seconds", ""),
+    "queue": ("warmpool_queue_time_seconds", ""),
+    "forward": ("warmpool_inference_time_seconds", ""),
 }
 
 
 def server_times(port: int) -> dict[str, tuple[float, float]]:
-    """Each stage's (sum of seconds, count) so far, from /metrics."""
+    """Each stage's (sum of seconds, count) so far, from /metrics, over all its label sets."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.request("GET", "/metrics")
-    lines = dict(line.rsplit(" ", 1) for line in conn.getresponse().read().decode().splitlines() if line[:1] != "#")
+    lines = [line.rsplit(" ", 1) for line in conn.getresponse().read().decode().splitlines() if line[:1] != "#"]
     conn.close()
-    return {
-        name: (float(lines.get(key.format("sum"), 0)), float(lines.get(key.format("count"), 0)))
-        for name, key in STAGES.items()
-    }
+
+    def total(metric: str, label: str, part: str) -> float:
+        return sum(float(v) for k, v in lines if k.split("{")[0] == f"{metric}_{part}" and label in k)
+
+    return {name: (total(m, label, "sum"), total(m, label, "count")) for name, (m, label) in STAGES.items()}
 
 
 def main() -> None:
