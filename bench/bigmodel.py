@@ -164,27 +164,28 @@ def bench_model(size: str, source: Path, mount: Path, pid: int | None, tmp: Path
             cache = "cold" if cold else "warm"
             first: dict[str, float] = {}
             ready: dict[str, float] = {}
-            for prefetch in ("on", "off"):
-                runs = []
-                for i in range(args.runs):
+            runs: dict[str, list[Run]] = {"on": [], "off": []}
+            for i in range(args.runs):  # on and off alternate, so the machine's drift falls on both
+                for prefetch in ("on", "off") if i % 2 == 0 else ("off", "on"):
                     cached = prepare(cold, served, behind)
                     before = bytes_through(pid) if fuse else 0
                     settings = {"prefetch": prefetch, "engines": ENGINES, "dtype": args.dtype}
                     marks, server = start(served, tmp / "server.log", **settings)
                     try:
                         rate = server.phase("prefetch")["detail"].get("mb_per_s")
-                        runs.append(Run(marks, bytes_through(pid) - before if fuse else 0, cached, rate))
+                        runs[prefetch].append(Run(marks, bytes_through(pid) - before if fuse else 0, cached, rate))
                         if where == memory_where and not cold and prefetch == "on" and i == 0:
                             held = (*memory(server), kill_recovery(server))
                     finally:
                         server.stop()
+            for prefetch, done in runs.items():
                 label = f"  {size:>3} GB {where:5} {cache} prefetch {prefetch:3}"
-                line = row(label, runs, fuse, args.volume_mb_s)
+                line = row(label, done, fuse, args.volume_mb_s)
                 if fuse and cold:
-                    line += f"; ready / (bytes/bandwidth) {median([r.marks for r in runs], 'ready') / floor:.2f}"
+                    line += f"; ready / (bytes/bandwidth) {median([r.marks for r in done], 'ready') / floor:.2f}"
                 print(line, flush=True)
-                first[prefetch] = median([r.marks for r in runs], "embedding")
-                ready[prefetch] = median([r.marks for r in runs], "ready")
+                first[prefetch] = median([r.marks for r in done], "embedding")
+                ready[prefetch] = median([r.marks for r in done], "ready")
             print(
                 f"  {size:>3} GB {where:5} {cache} prefetch on/off: ready {ready['on'] / ready['off']:.2f}, "
                 f"first embedding {first['on'] / first['off']:.2f}",

@@ -47,12 +47,17 @@ def phase_end(startup: dict[str, Any], name: str) -> float:
     return float(phase["started_s"]) + float(phase["duration_s"])
 
 
+def _read(group: dict[str, Any]) -> int:
+    """Bytes a prefetch group read (what it found in the page cache it did not)."""
+    return int(group.get("bytes_done", 0)) - int(group.get("bytes_cached", 0))
+
+
 def marks_of(startup: dict[str, Any], resident_share: float) -> Marks:
     prefetch = next(p for p in startup["phases"] if p["name"] == "prefetch")["detail"]
     return {
         "forkserver": phase_end(startup, "forkserver"),
         "ready": phase_end(startup, "ready"),
-        "env_mb": prefetch.get("environment", {}).get("bytes_done", 0) / 1e6,
+        "env_mb": _read(prefetch.get("environment", {})) / 1e6,
         "resident": resident_share,
     }
 

@@ -131,6 +131,9 @@ def run_level(port: int, raw: RawModel, clients: int, seconds: float, windows: i
     return Level(clients, total, ratios, rates, means)
 
 
+# which GEMM peaks a server dtype is measured against, beside float32's
+PEAKS = {"int8": ("int8",), "bfloat16": ("bfloat16",)}
+
 # The server's own histograms: where a request's time goes inside it (milliseconds, means per level):
 # metric, and a label every counted line must carry
 STAGES = {
@@ -166,7 +169,7 @@ def main() -> None:
     args = parser.parse_args()
     texts = sentences(2000)
     threads = os.cpu_count() or 1
-    peaks = {name: peak_gflops(name) for name in ("float32", args.dtype or "float32")}
+    peaks = {name: peak_gflops(name) for name in ("float32", *PEAKS.get(args.dtype or "", ()))}
     raw = RawModel(texts[: args.raw_texts], threads, args.model)
     levels: list[Level] = []
     single: list[float] = []
@@ -175,8 +178,8 @@ def main() -> None:
         settings = {name: value for name, value in extra.items() if value}
         server = ServerProcess(args.model, Path(tmp) / "server.log", log_level="warning", **settings).wait_ready(600)
         server.wait_engines()
-        mflop_per_token = float(server.phase("warmup")["detail"]["mflop_per_token"])
         try:
+            mflop_per_token = float(server.phase("warmup")["detail"].get("mflop_per_token", "nan"))
             for clients in (int(c) for c in args.clients.split(",")):
                 if clients == 1:
                     single.append(raw.single_latency())
@@ -228,7 +231,7 @@ def report_flops(
     peak_text = ", ".join(f"{name} {rate:.0f}" for name, rate in peaks.items())
     print(
         f"matrix work ({mflop_per_token:.1f} MFLOP/token x {tokens:.1f} tokens/input) against the peak GEMM "
-        f"measured here ({peak_text} GFLOP/s):"
+        f"measured here ({peak_text} G(FL)OP/s):"
     )
     for level in levels:
         served = achieved_gflops(level.total.inputs_s, tokens, mflop_per_token)

@@ -57,6 +57,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
             ),
         )
         share.wait_quiet(spec.quiet_wait_s)
+        waited, loaded = time.monotonic() - loaded, time.monotonic()
         share.working()
         warmup = model.warm_up()
         overhead = warmup.overhead_tokens
@@ -67,6 +68,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                 Msg.READY,
                 {
                     "warmup_s": round(time.monotonic() - loaded, 3),
+                    **({"waited_for_idle_s": round(waited, 3)} if spec.quiet_wait_s else {}),
                     "call_overhead_tokens": round(overhead, 1),
                     "ms_per_token": round(warmup.per_token_s * 1000, 4),
                     **warmup.detail,

@@ -62,9 +62,11 @@ def _refusal(settings: Settings) -> tuple[str, str] | None:
     except ApiKeyError as exc:
         return "bind", str(exc)
     try:
-        settings.resolved_device  # noqa: B018  (resolving is the check)
+        device = settings.resolved_device
     except DeviceError as exc:
         return "engine", str(exc)
+    if any(m.dtype == "int8" for m in settings.per_model()) and device != "cpu":
+        return "engine", f"dtype int8 runs on the CPU only, and the device is {device}: use bfloat16 or float16"
     return None
 
 

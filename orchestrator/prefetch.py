@@ -233,15 +233,18 @@ def _model(folder: Path, views: str | None) -> list[Extent]:
         return []
     vocab, views = _tables(folder, views)
     extents: list[Extent] = []
+    tables: list[Extent] = []  # read after everything else, a module's weights included
     for (_, checkpoint), run in itertools.groupby(
         model_files(folder), key=lambda p: (p.parent, p.suffix == ".safetensors")
     ):
         paths = list(run)
         try:
-            extents += readorder.weight_extents(paths, vocab, views) if checkpoint else _whole(paths)
+            now, last = readorder.weight_extents(paths, vocab, views) if checkpoint else (_whole(paths), [])
         except (OSError, ValueError, KeyError, TypeError, IndexError):
-            extents += _whole(paths)
-    return extents
+            now, last = _whole(paths), []
+        extents += now
+        tables += last
+    return extents + tables
 
 
 def _converted(folder: Path, views: str | None) -> int:

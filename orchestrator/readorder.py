@@ -58,11 +58,12 @@ def tensors(path: Path) -> tuple[int, list[tuple[str, str, list[int], int, int]]
     return start, found
 
 
-def weight_extents(weights: list[Path], vocab_size: int | None, views: str | None) -> list[Extent]:
-    """The safetensors files' bytes in reading order: each header, then every tensor in module order,
-    then the vocabulary-sized tables that stay views in the dtype `views` (None: every tensor is read
-    whole at start, as on a GPU or a model loaded through transformers). Neighbouring stretches of one
-    file are merged, so reads stay large."""
+def weight_extents(weights: list[Path], vocab_size: int | None, views: str | None) -> tuple[list[Extent], list[Extent]]:
+    """One checkpoint's bytes (its safetensors files) in reading order, as (now, last): each header,
+    then every tensor in module order; and apart, to read after everything else the start needs (a
+    module's checkpoint included), the vocabulary-sized tables that stay views in the dtype `views`
+    (None: every tensor is read whole at start, as on a GPU or a model loaded through transformers).
+    Neighbouring stretches of one file are merged, so reads stay large."""
     headers: list[Extent] = []
     now: list[tuple[list[tuple[int, int | str]], Extent]] = []
     last: list[tuple[list[tuple[int, int | str]], Extent]] = []
@@ -73,13 +74,14 @@ def weight_extents(weights: list[Path], vocab_size: int | None, views: str | Non
             table = views is not None and dtype == views and len(shape) == 2 and shape[0] == vocab_size
             (last if table else now).append((natural_key(name), (path, begin, end - begin)))
     ordered = headers + [extent for _, extent in sorted(now, key=lambda item: item[0])]
-    return merged(ordered + [extent for _, extent in sorted(last, key=lambda item: item[0])])
+    return merged(ordered), merged([extent for _, extent in sorted(last, key=lambda item: item[0])])
 
 
 def converted_bytes(weights: list[Path], compute: str | None) -> int:
     """The memory a CPU engine's build allocates for the checkpoint's floating-point tensors that are
     not in its compute dtype (a bfloat16 checkpoint served in float32: twice the file), beside the
-    page cache; 0 on a GPU (`compute` None), whose copies are in the GPU's memory."""
+    page cache; 0 on a GPU (`compute` None), whose copies are in the GPU's memory. Fused projections
+    and int8 copies are left out: at most a quarter of the weights, and the guard keeps 10% spare."""
     if compute not in ITEM_BYTES:
         return 0
     total = 0

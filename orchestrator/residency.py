@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+from pathlib import Path
 
 PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -23,12 +24,23 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 SAMPLES = 16  # pages checked per stretch
+CAP_FOWNER = 3  # linux/capability.h
 
 
 def trustworthy(fd: int) -> bool:
-    """Whether mincore's answer on this open file is the truth (see the module's docstring)."""
-    uid = os.geteuid()
-    return uid == 0 or os.fstat(fd).st_uid == uid
+    """Whether mincore's answer on this open file is the truth (see the module's docstring): the
+    kernel's own test is ownership or CAP_FOWNER (root without it, as in a container that drops
+    every capability, is lied to like anyone else)."""
+    return os.fstat(fd).st_uid == os.geteuid() or _has_cap_fowner()
+
+
+def _has_cap_fowner() -> bool:
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+    effective = next((line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), "0")
+    return bool(int(effective, 16) >> CAP_FOWNER & 1)
 
 
 def all_resident(fd: int, offset: int, length: int) -> bool:

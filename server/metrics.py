@@ -41,7 +41,8 @@ class _PhaseCollector(Collector):
                 duration.add_metric([phase["name"], phase["state"]], phase["duration_s"])
             kind, model = phase["name"].split(":")[0], phase.get("model") or self.default_model()
             if kind == "prefetch":
-                prefetched.add_metric([model], phase["detail"].get("bytes_done", 0))
+                detail = phase["detail"]  # read: what was found in the page cache is not
+                prefetched.add_metric([model], detail.get("bytes_done", 0) - detail.get("bytes_cached", 0))
             if kind == "engine":
                 engines_up.add_metric([model], phase["detail"].get("up", 0))
         yield duration

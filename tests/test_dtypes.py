@@ -11,24 +11,13 @@ import pytest
 
 from engine.device import DTYPES, cpu_has
 from tests.server_process import ServerProcess, wait_for
-
-TEXTS = [
-    "A man is eating food.",
-    "A man is riding a horse.",
-    "The new movie is awesome, the best of the year.",
-    "naïve café 日本語 🙂 Привет мир",
-    "the warm pool engine keeps models loaded " * 12,
-]
+from tests.vectors import TEXTS, cosines
 
 
 def served_vectors(server: ServerProcess) -> np.ndarray:
     r = server.post("/v1/embeddings", json={"input": TEXTS})
     assert r.status_code == 200, r.text
     return np.asarray([d["embedding"] for d in r.json()["data"]])
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ def test_every_phase_has_finished_with_durations(server: ServerProcess) -> None:
 
 
 def test_prefetch_read_the_files_serving_reads(server: ServerProcess, model_dir) -> None:  # type: ignore[no-untyped-def]
-    """Prefetch read the config files, the tokenizer and the weights, and nothing else of the folder
-    (its README, vocab.txt and data_config.json are never loaded)."""
+    """Prefetch covered (read, or found in the page cache) the config files, the tokenizer and the
+    weights, and nothing else of the folder (its README, vocab.txt and data_config.json are never loaded)."""
     detail = server.phase("prefetch")["detail"]["model"]
     names = ["config.json", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"]
     names += ["1_Pooling/config.json", "tokenizer_config.json", "tokenizer.json", "model.safetensors"]

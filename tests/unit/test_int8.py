@@ -14,14 +14,7 @@ from engine.device import place
 from engine.int8 import Int8Linear, quantize
 from engine.model import PoolingModel
 from tests.tiny_models import TINY, TinyFolders
-
-TEXTS = [
-    "A man is eating food.",
-    "A man is riding a horse.",
-    "The new movie is awesome, the best of the year.",
-    "naïve café 日本語 🙂 Привет мир",
-    "the warm pool engine keeps models loaded " * 12,
-]
+from tests.vectors import TEXTS, cosines
 
 
 def test_int8_linear_is_the_linear_within_its_rounding() -> None:
@@ -60,12 +53,13 @@ def test_quantize_replaces_the_layers_projections_only() -> None:
     assert all(not isinstance(m, nn.Linear) for m in model.encoder.modules())
 
 
-@pytest.mark.parametrize("name", sorted(n for n, spec in TINY.items() if spec.family != "distilbert"))
-def test_every_native_family_runs_in_int8(tiny: TinyFolders, name: str) -> None:
-    """Each native family's model built with dtype int8 has int8 projections, says so in its weights
-    detail, and gives vectors (or scores) close to float32's."""
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_every_family_runs_in_int8(tiny: TinyFolders, name: str) -> None:
+    """Each native family's model, and DistilBERT on the transformers fallback, built with dtype int8
+    has int8 projections, says so in its weights detail, and gives vectors (or scores) close to
+    float32's."""
     info = read_model_folder(tiny[name])
-    assert info.native
+    assert info.native is (TINY[name].family != "distilbert")
     fp32 = PoolingModel(info, threads=1, placement=place("cpu", "float32", []))
     int8 = PoolingModel(info, threads=1, placement=place("cpu", "int8", []))
     assert "int8" in int8.weights["quantization"] and "quantization" not in fp32.weights
@@ -84,7 +78,7 @@ def test_int8_vectors_of_the_default_model_are_close_to_float32(model_dir) -> No
     items = [pool.encode(text) for text in TEXTS]
     fp32 = PoolingModel(info, threads=1, placement=place("cpu", "float32", [])).forward(items)
     int8 = PoolingModel(info, threads=1, placement=place("cpu", "int8", [])).forward(items)
-    cosine = (fp32 * int8).sum(1) / np.linalg.norm(fp32, axis=1) / np.linalg.norm(int8, axis=1)
+    cosine = cosines(fp32, int8)
     assert cosine.min() >= 0.98 and cosine.mean() >= 0.995
     assert not np.allclose(fp32, int8, atol=1e-5)  # int8 really ran
 
@@ -109,3 +103,16 @@ def test_int8_computes_in_float32_and_says_int8() -> None:
     placement = place("cpu", "int8", [])
     assert placement.dtype == torch.float32 and placement.int8
     assert placement.precision == placement.detail["dtype"] == "int8"
+
+
+def test_int8_with_a_gpu_is_refused_before_any_engine_starts(monkeypatch: pytest.MonkeyPatch, model_dir) -> None:  # type: ignore[no-untyped-def]
+    """Settings asking for int8 where the device is a GPU fail the engine phase at start-up, before any
+    engine is forked; on the CPU they start."""
+    from common.settings import Settings
+    from orchestrator.__main__ import _refusal
+
+    monkeypatch.setattr(Settings, "resolved_device", property(lambda self: "cuda"))
+    phase, reason = _refusal(Settings(model=str(model_dir), dtype="int8")) or ("", "")
+    assert phase == "engine" and "int8 runs on the CPU only" in reason
+    monkeypatch.setattr(Settings, "resolved_device", property(lambda self: "cpu"))
+    assert _refusal(Settings(model=str(model_dir), dtype="int8")) is None

@@ -10,6 +10,7 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -382,10 +383,16 @@ def test_what_is_in_the_page_cache_already_is_not_read_again(tmp_path: Path, mon
     assert run.detail["model"]["bytes_cached"] == 3002 and run.detail["mb_per_s"] == 0
 
 
-def test_pages_evicted_from_the_page_cache_are_not_resident(tmp_path: Path) -> None:
-    """A file's pages dropped from the page cache read as not resident; after reading it, resident."""
-    path = tmp_path / "weights"
-    path.write_bytes(bytes(1 << 20))
+def test_pages_evicted_from_the_page_cache_are_not_resident(model_dir: Path) -> None:
+    """A file's pages dropped from the page cache read as not resident; after reading it, resident.
+    (Beside the model, on a disk: a tmpfs keeps its pages whatever one advises.)"""
+    with tempfile.TemporaryDirectory(dir=model_dir.parent) as folder:
+        path = Path(folder) / "weights"
+        path.write_bytes(bytes(1 << 20))
+        _evicted_then_read(path)
+
+
+def _evicted_then_read(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -398,11 +405,12 @@ def test_pages_evicted_from_the_page_cache_are_not_resident(tmp_path: Path) -> N
 
 
 def test_mincore_is_not_trusted_for_someone_elses_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """For a file another user owns (mincore then answers "all resident" whatever the truth), the
-    block counts as not cached: it is read."""
+    """For a file another user owns, without CAP_FOWNER (mincore then answers "all resident" whatever
+    the truth), the block counts as not cached: it is read."""
     path = tmp_path / "weights"
     path.write_bytes(bytes(8192))
     monkeypatch.setattr(residency.os, "geteuid", lambda: os.stat(path).st_uid + 1)
+    monkeypatch.setattr(residency, "_has_cap_fowner", lambda: False)  # root that dropped its capabilities
     fd = os.open(path, os.O_RDONLY)
     try:
         assert not residency.trustworthy(fd) and not residency.all_resident(fd, 0, 8192)

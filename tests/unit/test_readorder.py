@@ -47,7 +47,8 @@ def test_layers_are_read_in_the_order_the_model_runs_them(tmp_path: Path) -> Non
     """Without tables to set aside, every byte is read once: the header, then the tensors in module
     order (layer 2 before layer 10)."""
     path = checkpoint(tmp_path / "model.safetensors")
-    extents = weight_extents([path], None, None)
+    extents, last = weight_extents([path], None, None)
+    assert last == []
     assert sum(length for _, _, length in extents) == path.stat().st_size
     assert extents[0][1] == 0
     order = names_in_order(path, extents)
@@ -59,7 +60,7 @@ def test_a_table_that_stays_on_the_file_is_read_last(tmp_path: Path) -> None:
     """A vocabulary-sized table in the compute dtype (a view a CPU engine reads a few rows of at
     start) comes after every other tensor."""
     path = checkpoint(tmp_path / "model.safetensors")
-    order = names_in_order(path, weight_extents([path], VOCAB, "F32"))
+    order = names_in_order(path, sum(weight_extents([path], VOCAB, "F32"), []))
     assert order[-1] == "embeddings.word_embeddings.weight"
     assert order[0] == "encoder.layer.0.dense.weight"
 
@@ -68,7 +69,7 @@ def test_a_table_converted_at_load_is_read_in_place(tmp_path: Path) -> None:
     """A bfloat16 table served in float32 is converted whole at load, so it is read where the
     model's modules reach it: first."""
     path = checkpoint(tmp_path / "model.safetensors", torch.bfloat16)
-    order = names_in_order(path, weight_extents([path], VOCAB, "F32"))
+    order = names_in_order(path, sum(weight_extents([path], VOCAB, "F32"), []))
     assert order[0] == "embeddings.word_embeddings.weight"
 
 
@@ -102,3 +103,14 @@ def test_a_converted_checkpoint_reserves_its_copy_in_the_compute_dtype(tmp_path:
     tensor_bytes = sum(end - begin for *_, begin, end in tensors(half)[1])
     assert converted_bytes([half], "F32") == 2 * tensor_bytes
     assert converted_bytes([full], "F32") == converted_bytes([half], "BF16") == converted_bytes([half], None) == 0
+
+
+def test_the_tables_wait_for_the_modules_weights_too(tiny) -> None:  # type: ignore[no-untyped-def]
+    """A model with a Dense module: its weights (which the build needs) are read before the model's
+    word-embedding table (which it does not)."""
+    folder = tiny["mpnet"]  # mean pooling, then a Dense module with its own model.safetensors
+    extents = prefetch._model(folder, "F32")
+    files = [path.relative_to(folder).as_posix() for path, _, _ in extents]
+    dense = max(i for i, name in enumerate(files) if name != "model.safetensors" and name.endswith(".safetensors"))
+    table = next(i for i, e in enumerate(extents) if e[0].name == "model.safetensors" and e[1] > 0 and i > dense)
+    assert dense < table == len(extents) - 1

@@ -4,6 +4,7 @@ waiting for the serving engines to be idle."""
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -42,11 +43,39 @@ def test_wait_quiet_returns_once_the_other_engines_are_idle() -> None:
     assert order == ["first engine idle", "warm-up"]
 
 
-def test_wait_quiet_gives_up_at_its_timeout_and_ignores_its_own_flag() -> None:
-    """Under steady work elsewhere wait_quiet returns after its timeout; its own busy flag does not
-    count."""
-    busy = [1, 1]
-    share = ThreadShare(busy, slot=1, shared=1, solo=1)
-    share.wait_quiet(0.01)
-    assert busy == [1, 1]
-    ThreadShare([0, 1], slot=1, shared=1, solo=1).wait_quiet(60)  # returns at once: only itself busy
+def test_wait_quiet_gives_up_at_its_timeout_under_steady_work() -> None:
+    """Under steady work elsewhere wait_quiet waits out its timeout, then returns."""
+    busy = [1, 0]
+    started = time.monotonic()
+    ThreadShare(busy, slot=1, shared=1, solo=1).wait_quiet(0.05)
+    assert time.monotonic() - started >= 0.05 and busy == [1, 0]
+
+
+def test_wait_quiet_ignores_its_own_flag() -> None:
+    """An engine busy itself, with every other idle, does not wait for itself."""
+    share = ThreadShare([0, 1], slot=1, shared=1, solo=1)
+    waiting = threading.Thread(target=share.wait_quiet, args=(600,))
+    waiting.start()
+    waiting.join(30)
+    assert not waiting.is_alive()
+
+
+def test_only_cpu_engines_that_follow_the_first_wait_for_idle(model_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The supervisor asks engines started after the first, at start-up on the CPU, to wait for the
+    serving engines to be idle before warming up; the first engine, a re-forked one and GPU engines
+    warm up at once."""
+    import multiprocessing
+
+    from common.settings import Settings
+    from orchestrator.forkserver import StartMethod
+    from orchestrator.supervisor import FOLLOWER_QUIET_S, EngineSupervisor
+
+    def supervisor(device: str) -> EngineSupervisor:
+        monkeypatch.setattr(Settings, "resolved_device", property(lambda self: device))
+        method = StartMethod(multiprocessing.get_context("fork"))
+        return EngineSupervisor(Settings(model=str(model_dir), engines=2), None, method, None)  # type: ignore[arg-type]
+
+    cpu = supervisor("cpu")
+    assert cpu.spec(1, follower=True).quiet_wait_s == FOLLOWER_QUIET_S > 0
+    assert cpu.spec(0).quiet_wait_s == cpu.spec(1).quiet_wait_s == 0
+    assert supervisor("cuda:0").spec(1, follower=True).quiet_wait_s == 0
