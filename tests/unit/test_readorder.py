@@ -24,6 +24,12 @@ def checkpoint(path: Path, dtype: torch.dtype = torch.float32) -> Path:
     return path
 
 
+def in_order(weights: list[Path], vocab: int | None, views: str | None) -> list[tuple[Path, int, int]]:
+    """weight_extents' stretches, those read now then those read last."""
+    now, last = weight_extents(weights, vocab, views)
+    return now + last
+
+
 def names_in_order(path: Path, extents: list[tuple[Path, int, int]]) -> list[str]:
     """The tensors of `path` in the order `extents` reads their first bytes."""
     _, found = tensors(path)
@@ -60,7 +66,7 @@ def test_a_table_that_stays_on_the_file_is_read_last(tmp_path: Path) -> None:
     """A vocabulary-sized table in the compute dtype (a view a CPU engine reads a few rows of at
     start) comes after every other tensor."""
     path = checkpoint(tmp_path / "model.safetensors")
-    order = names_in_order(path, sum(weight_extents([path], VOCAB, "F32"), []))
+    order = names_in_order(path, in_order([path], VOCAB, "F32"))
     assert order[-1] == "embeddings.word_embeddings.weight"
     assert order[0] == "encoder.layer.0.dense.weight"
 
@@ -69,7 +75,7 @@ def test_a_table_converted_at_load_is_read_in_place(tmp_path: Path) -> None:
     """A bfloat16 table served in float32 is converted whole at load, so it is read where the
     model's modules reach it: first."""
     path = checkpoint(tmp_path / "model.safetensors", torch.bfloat16)
-    order = names_in_order(path, sum(weight_extents([path], VOCAB, "F32"), []))
+    order = names_in_order(path, in_order([path], VOCAB, "F32"))
     assert order[0] == "embeddings.word_embeddings.weight"
 
 
