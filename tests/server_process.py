@@ -84,6 +84,15 @@ class ServerProcess:
         wait_for(ready, timeout, "readiness")
         return self
 
+    def wait_failed(self, timeout: float = 60) -> list[dict[str, Any]]:
+        """Waits for /health/startup to say failed; returns the failed phases."""
+        body: dict[str, Any] = wait_for(
+            lambda: (r := self.get("/health/startup")).json()["status"] == "failed" and r.json(),
+            timeout,
+            "the failed phase",
+        )
+        return [p for p in body["phases"] if p["state"] == "failed"]
+
     def wait_engines(self, timeout: float = 60) -> dict[str, Any]:
         """Readiness needs one engine; this waits for all of them. Returns the engine phase's detail."""
 

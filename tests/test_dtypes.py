@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.device import DTYPES, cpu_has
-from tests.server_process import ServerProcess, wait_for
+from tests.server_process import ServerProcess
 from tests.vectors import TEXTS, cosines
 
 
@@ -56,12 +56,7 @@ def test_a_half_dtype_serves_where_the_cpu_has_it_and_fails_its_phase_where_not(
             assert server.phase("engine")["detail"]["dtype"] == dtype
             assert cosines(served_vectors(server), float32_vectors).min() >= 0.999
             return
-        body = wait_for(
-            lambda: (r := server.get("/health/startup")).json()["status"] == "failed" and r.json(),
-            60,
-            "the failed phase",
-        )
-        failed = [p for p in body["phases"] if p["state"] == "failed"]
+        failed = server.wait_failed()
         assert [p["name"] for p in failed] == ["engine"]
         assert f"dtype {dtype}: this CPU has no {dtype} instructions" in failed[0]["detail"]["error"]
         assert server.post("/v1/embeddings", json={"input": "x"}).status_code == 503

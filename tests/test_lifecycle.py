@@ -135,12 +135,7 @@ def test_broken_model_fails_its_phase_and_exits_nonzero(
         (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": "lots"}))
     server = ServerProcess(folder, log_path, fail_linger=2)
     try:
-        body = wait_for(
-            lambda: (r := server.get("/health/startup")).json()["status"] == "failed" and r.json(),
-            60,
-            "the failed phase",
-        )
-        failed = [p for p in body["phases"] if p["state"] == "failed"]
+        failed = server.wait_failed()
         assert [p["name"] for p in failed] == ["engine"]
         error = failed[0]["detail"]["error"]
         expected = {"missing": "not found", "truncated": "model", "bad_config": "config.json", "wrong_types": "lots"}[
