@@ -9,7 +9,9 @@ families rename theirs onto these (engine/xlm_roberta.py, engine/mpnet.py).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -277,11 +279,36 @@ def load_checkpoint(
     missing, _ = model.load_state_dict(state, strict=False, assign=True)
     if missing:
         raise ModelError(f"cannot load model from {folder}: weights missing for {missing[:5]}")
-    model = model.to(dtype)  # before fusing: one conversion, then one fused copy
+    # Fused in the checkpoint's dtype, then converted: a converted checkpoint's q, k and v are copied
+    # once each way instead of converted and then copied again (a 4 GB bfloat16 one built in 4.7 s, not 9.3)
     for module in model.modules():
         if isinstance(module, SelfAttention):
             module.fuse()
-    return model.eval()
+    return converted(model, dtype).eval()
+
+
+def converted(model: M, dtype: torch.dtype) -> M:
+    """model.to(dtype); on the CPU each parameter converted on one of several threads, one per core.
+    Converting is a core's work per tensor plus faulting in the mapped pages it reads, and both run
+    side by side: a 4 GB bfloat16 checkpoint became float32 in 2.3 s on 2 cores, 4.8-8.6 s on one.
+    Each thread computes on one torch thread (the forkserver must never start OpenMP's pool:
+    engine/preloaded.py)."""
+    todo = {id(p): p for p in model.parameters() if p.is_floating_point() and p.dtype != dtype}
+    if not todo or any(p.device.type != "cpu" for p in todo.values()):
+        return model.to(dtype)
+    threads = torch.get_num_threads()
+
+    def convert(param: nn.Parameter) -> torch.Tensor:
+        torch.set_num_threads(1)
+        return param.data.to(dtype)
+
+    try:
+        with ThreadPoolExecutor(len(os.sched_getaffinity(0)), thread_name_prefix="convert") as pool:
+            for param, tensor in zip(todo.values(), pool.map(convert, todo.values()), strict=True):
+                param.data = tensor  # the same Parameter: weights tied to it stay tied
+    finally:
+        torch.set_num_threads(threads)
+    return model.to(dtype)  # buffers and anything left; the parameters are converted already
 
 
 def legacy_norm_names(key: str) -> str:
