@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.cpus import usable_cpus
 from common.devices import resolve, visible_gpus
 
 
@@ -78,10 +79,10 @@ class Settings(BaseSettings):
         "has no safetensors; off: such a folder fails its engine phase.",
     )
     engine_threads: int = Field(
-        default_factory=lambda: os.cpu_count() or 1,
+        default_factory=lambda: usable_cpus(),  # looked up when built: tests replace it
         ge=1,
         description="torch threads of an engine working alone (busy together, each takes its share); "
-        "default: the CPU count.",
+        "default: the CPUs this process may use (its affinity, capped by a cgroup CPU quota).",
     )
     engine_nice: int = Field(
         5, ge=0, le=19, description="Niceness of the engine, so the HTTP process gets a core at once."
@@ -169,7 +170,7 @@ class Settings(BaseSettings):
             return self.engines
         if self.resolved_device == "cuda":
             return self.gpus
-        return 1 if self.resolved_device.startswith("cuda:") else min(2, os.cpu_count() or 1)
+        return 1 if self.resolved_device.startswith("cuda:") else min(2, usable_cpus())
 
     @property
     def shared_engine_threads(self) -> int:
