@@ -9,7 +9,6 @@ families rename theirs onto these (engine/xlm_roberta.py, engine/mpnet.py).
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.cpus import usable_cpus
 from common.modelfolder import ModelError
 from engine.checkpoint import read_checkpoint
 from engine.packed import Packed
@@ -303,7 +303,7 @@ def converted(model: M, dtype: torch.dtype) -> M:
         return param.data.to(dtype)
 
     try:
-        with ThreadPoolExecutor(len(os.sched_getaffinity(0)), thread_name_prefix="convert") as pool:
+        with ThreadPoolExecutor(usable_cpus(), thread_name_prefix="convert") as pool:
             for param, tensor in zip(todo.values(), pool.map(convert, todo.values()), strict=True):
                 param.data = tensor  # the same Parameter: weights tied to it stay tied
     finally:
