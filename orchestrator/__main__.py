@@ -5,6 +5,8 @@ The port is bound and answering probes before the web stack and server modules a
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 import time
 
@@ -21,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
         print(render(), end="")
         return 0
     settings = Settings(_cli_parse_args=args)  # type: ignore[call-arg]
+    # `kill -USR1 PID` writes every thread's stack to stderr: for a process that stops answering,
+    # even one whose event loop is blocked (the handler runs in C, in whichever thread gets it)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     from orchestrator import binding, forkserver, logs
 
     logs.configure(settings.log_level, settings.log_format)

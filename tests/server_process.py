@@ -120,11 +120,17 @@ class ServerProcess:
         return found
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int:
+        """Signal the server and wait for its exit; past `timeout`, dump its threads' stacks into its
+        log (SIGUSR1, orchestrator/__main__.py), print the log's tail for the failing test, kill it."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGUSR1)
+                with contextlib.suppress(AssertionError):
+                    wait_for(lambda: "most recent call first" in self.logs(), 5, "the stack dump")
+                print(f"server did not exit within {timeout} s of {signal.Signals(sig).name}:\n{self.logs()}")
                 self.proc.kill()
                 self.proc.wait()
         self.client.close()
