@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from common.modelfolder import ModelError
-from engine.layers import ACTIVATIONS, Rotary, attend, band_mask, load_checkpoint, no_init, rotary_base, rotate
+from engine.layers import ACTIVATIONS, Rotary, attend, band_mask, load_checkpoint, rotary_base, rotate
 from engine.packed import Packed
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -180,8 +180,6 @@ def load(
 ) -> nn.Module:
     if num_labels:  # common.modelfolder serves only Gemma3TextModel natively: an embedding model
         raise ModelError(f"cannot load model from {folder}: no native Gemma 3 sequence classifier")
-    with no_init():
-        model = Gemma3(config)
-    model = load_checkpoint(model, folder, lambda key: key, device, dtype)
+    model = load_checkpoint(lambda: Gemma3(config), folder, lambda key: key, device, dtype)
     model.place(device, dtype)
     return model

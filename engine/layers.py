@@ -256,22 +256,24 @@ def encoder_loader(
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> nn.Module:
-        with no_init():
-            model = EncoderModel(config, embeddings(config), num_labels)
-        return load_checkpoint(model, folder, rename, device, dtype)
+        return load_checkpoint(
+            lambda: EncoderModel(config, embeddings(config), num_labels), folder, rename, device, dtype
+        )
 
     return load
 
 
 def load_checkpoint(
-    model: M, folder: Path, rename: Callable[[str], str], device: torch.device | None, dtype: torch.dtype
+    make: Callable[[], M], folder: Path, rename: Callable[[str], str], device: torch.device | None, dtype: torch.dtype
 ) -> M:
-    """Take the checkpoint's tensors (one safetensors file or its shards), renamed, as the model's
-    parameters themselves: on the CPU in their own dtype they are views on the mapped files, nothing
-    copied (engine/checkpoint.py); on a GPU each goes from the page cache to the GPU's memory, no host
-    copy kept. Then cast to `dtype` (a copy only where the checkpoint's dtype differs). The model
-    must have been built under no_init(): the checkpoint replaces every weight. Tensors the model has
-    no place for (a pooler an embedding model does not use, a masked-LM head) are left out."""
+    """The model make() builds (under no_init(): the checkpoint replaces every weight), taking the
+    checkpoint's tensors (one safetensors file or its shards), renamed, as its parameters themselves:
+    on the CPU in their own dtype they are views on the mapped files, nothing copied
+    (engine/checkpoint.py); on a GPU each goes from the page cache to the GPU's memory, no host copy
+    kept. Then cast to `dtype` (a copy only where the checkpoint's dtype differs). Tensors the model
+    has no place for (a pooler an embedding model does not use, a masked-LM head) are left out."""
+    with no_init():
+        model = make()
     weights = read_checkpoint(folder)
     if device is not None and device.type != "cpu":
         weights = {key: tensor.to(device) for key, tensor in weights.items()}

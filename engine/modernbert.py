@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.layers import ACTIVATIONS, Rotary, attend, band_mask, load_checkpoint, no_init, rotary_base, rotate
+from engine.layers import ACTIVATIONS, Rotary, attend, band_mask, load_checkpoint, rotary_base, rotate
 from engine.packed import Packed
 from engine.pooling import pool_packed
 
@@ -149,8 +149,8 @@ def load(
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
-    with no_init():
-        model = ModernBert(config, num_labels)
-    model = load_checkpoint(model, folder, lambda key: key.removeprefix("model."), device, dtype)
+    model = load_checkpoint(
+        lambda: ModernBert(config, num_labels), folder, lambda key: key.removeprefix("model."), device, dtype
+    )
     model.rotary.place(device)
     return model

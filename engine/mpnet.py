@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.layers import EncoderModel, legacy_norm_names, load_checkpoint, no_init
+from engine.layers import EncoderModel, legacy_norm_names, load_checkpoint
 from engine.packed import Packed, offset_positions
 
 # transformers' MPNet fixes these, whatever config.json says: padding index 1 for the positions,
@@ -81,9 +81,7 @@ def load(
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
-    with no_init():
-        model = MPNet(config, num_labels)
-    model = load_checkpoint(model, folder, _rename, device, dtype)
+    model = load_checkpoint(lambda: MPNet(config, num_labels), folder, _rename, device, dtype)
     model.build_bias()
     return model
 

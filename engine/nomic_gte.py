@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from common.modelfolder import ModelError
-from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, no_init, rotary_base, rotate, stacked
+from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate, stacked
 from engine.packed import Packed
 
 GLOBAL = "global"  # every layer's rotary kind
@@ -215,8 +215,6 @@ def load(
     family = FAMILIES[str(config["model_type"])]
     if num_labels:  # common.modelfolder serves only the encoders natively
         raise ModelError(f"cannot load model from {folder}: no native {config['model_type']} sequence classifier")
-    with no_init():
-        model = RotaryEncoder(config)
-    model = load_checkpoint(model, folder, lambda key: rename(family, key), device, dtype)
+    model = load_checkpoint(lambda: RotaryEncoder(config), folder, lambda key: rename(family, key), device, dtype)
     model.loaded(device)
     return model

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.modelfolder import ModelError
-from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, no_init, rotary_base, rotate, stacked
+from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate, stacked
 from engine.packed import Packed
 
 FULL = "full_attention"
@@ -173,9 +173,9 @@ def load(
     sequence classifier natively (num_labels is the reranker's one score)."""
     if num_labels and score_tokens is None:
         raise ModelError(f"cannot load model from {folder}: no native Qwen3 sequence classifier")
-    with no_init():
-        model = Qwen3(config, score_tokens)
-    model = load_checkpoint(model, folder, lambda key: key.removeprefix("model."), device, dtype)
+    model = load_checkpoint(
+        lambda: Qwen3(config, score_tokens), folder, lambda key: key.removeprefix("model."), device, dtype
+    )
     model.loaded(device)
     return model
 
