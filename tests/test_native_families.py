@@ -25,6 +25,16 @@ def serve(folder: Path, log: Path) -> ServerProcess:
     return server
 
 
+def score_and_rerank(server: ServerProcess) -> tuple[list[float], dict[int, float]]:
+    """/score's scores of QUERY against DOCS, and /rerank's by document index."""
+    r = server.post("/score", json={"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": -1})
+    assert r.status_code == 200, r.text
+    scores = [d["score"] for d in r.json()["data"]]
+    r = server.post("/rerank", json={"query": QUERY, "documents": DOCS, "truncate_prompt_tokens": -1})
+    assert r.status_code == 200, r.text
+    return scores, {d["index"]: d["relevance_score"] for d in r.json()["results"]}
+
+
 @pytest.mark.parametrize(
     ("name", "prompt"),
     [
@@ -68,12 +78,7 @@ def test_reranker_scores_equal_cross_encoder(tiny: TinyFolders, tmp_path: Path) 
     folder = tiny["xlm-roberta-reranker"]
     server = serve(folder, tmp_path / "server.log")
     try:
-        r = server.post("/score", json={"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": -1})
-        assert r.status_code == 200, r.text
-        scores = [d["score"] for d in r.json()["data"]]
-        r = server.post("/rerank", json={"query": QUERY, "documents": DOCS, "truncate_prompt_tokens": -1})
-        assert r.status_code == 200, r.text
-        ranked = {d["index"]: d["relevance_score"] for d in r.json()["results"]}
+        scores, ranked = score_and_rerank(server)
     finally:
         assert server.stop() == 0
     expected = CrossEncoder(str(folder), device="cpu").predict([(QUERY, doc) for doc in DOCS])
@@ -90,12 +95,7 @@ def test_qwen3_reranker_scores_equal_the_model_cards(tiny: TinyFolders, tmp_path
     folder = tiny["qwen3-reranker"]
     server = serve(folder, tmp_path / "server.log")
     try:
-        r = server.post("/score", json={"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": -1})
-        assert r.status_code == 200, r.text
-        scores = [d["score"] for d in r.json()["data"]]
-        r = server.post("/rerank", json={"query": QUERY, "documents": DOCS, "truncate_prompt_tokens": -1})
-        assert r.status_code == 200, r.text
-        ranked = {d["index"]: d["relevance_score"] for d in r.json()["results"]}
+        scores, ranked = score_and_rerank(server)
         limit = server.get("/v1/models").json()["data"][0]["max_model_len"]
     finally:
         assert server.stop() == 0
