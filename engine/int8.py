@@ -21,8 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.layers import layer_projections
-
 LEVELS = 127  # symmetric: -127..127, so negating a value never overflows
 
 
@@ -62,9 +60,12 @@ def quantize(model: nn.Module) -> int:
     number replaced. Works on the native families and on transformers' models alike (both keep
     their layers in an nn.ModuleList)."""
     replaced = 0
-    for parent, name, linear in layer_projections(model):
-        setattr(parent, name, Int8Linear(linear))
-        replaced += 1
+    for stack in [m for m in model.modules() if isinstance(m, nn.ModuleList)]:
+        for parent in list(stack.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear:
+                    setattr(parent, name, Int8Linear(child))
+                    replaced += 1
     return replaced
 
 

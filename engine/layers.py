@@ -67,17 +67,6 @@ def stacked(*parts: nn.Linear) -> nn.Linear:
     return fused
 
 
-def layer_projections(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
-    """(parent, name, linear) for every nn.Linear in the model's layer stacks (its nn.ModuleLists):
-    what int8 quantization and oneDNN prepacking replace. Embeddings, heads and sentence-transformers'
-    Dense modules lie outside them."""
-    found = []
-    for stack in [m for m in model.modules() if isinstance(m, nn.ModuleList)]:
-        for parent in list(stack.modules()):
-            found += [(parent, name, child) for name, child in parent.named_children() if type(child) is nn.Linear]
-    return found
-
-
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,

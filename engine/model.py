@@ -9,7 +9,7 @@ import torch
 
 from common.modelfolder import ModelError, ModelFolder
 from common.wire import Tokens
-from engine import dense, int8, preloaded, prepacked
+from engine import dense, int8, preloaded
 from engine.device import Placement
 from engine.packed import Packed
 from engine.pooling import pool, pool_packed
@@ -34,7 +34,7 @@ class PoolingModel:
             self.model, self.weights = _transformers_model(info, device, dtype), {"weights": "engine"}
             if self.placement.int8:
                 int8.quantize(self.model)
-        self.weights.update(int8.describe(self.model) | prepacked.describe(self.model))
+        self.weights.update(int8.describe(self.model))
         self.dense = dense.load(info.dense, device, dtype) if info.kind == "embedding" else None
 
     @property

@@ -27,7 +27,6 @@ from torch import nn
 from common.wire import Tokens
 from engine.batching import GROUP_TOKENS
 from engine.int8 import Int8Linear
-from engine.prepacked import PrepackedLinear
 
 SMALL = 8  # tokens in the warm-up forwards
 PROBE_TOKENS = GROUP_TOKENS  # rows of the GEMM that prices a token: a packed group's size
@@ -69,10 +68,10 @@ def warm_up(forward: Callable[[list[Tokens]], Any], model: nn.Module, token: int
     return Warmup(overhead, per_token_s, detail)
 
 
-def projections(model: nn.Module) -> list[nn.Linear | Int8Linear | PrepackedLinear]:
-    """The projections every token goes through (nn.Linear, fused, int8 or prepacked): not embedding
-    tables, of which a token reads one row."""
-    return [m for m in model.modules() if isinstance(m, nn.Linear | Int8Linear | PrepackedLinear)]
+def projections(model: nn.Module) -> list[nn.Linear | Int8Linear]:
+    """The projections every token goes through (nn.Linear, fused or int8): not embedding tables,
+    of which a token reads one row."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear | Int8Linear)]
 
 
 def _timed(call: Callable[[], Any], device: torch.device) -> float:

@@ -18,7 +18,7 @@ from torch import nn
 
 from common.modelfolder import ModelError, read_model_folder
 from common.wire import EngineSpec, Msg
-from engine import families, preloaded
+from engine import preloaded
 from engine.checkpoint import read_checkpoint, read_safetensors, release_unused_pages
 from engine.device import Placement
 from engine.model import PoolingModel
@@ -78,11 +78,9 @@ def test_sharded_and_half_precision_checkpoints_give_sentence_transformers_vecto
 
 def test_float32_weights_are_views_on_the_mapped_file(tiny: TinyFolders) -> None:
     """Every parameter of a float32 model loaded on the CPU lies inside this process's mapping of its
-    model.safetensors, but for the fused QKV projections: nothing else was copied (before prepacking,
-    engine/prepacked.py, which copies the projections' weights and leaves their file pages)."""
+    model.safetensors, but for the fused QKV projections: nothing else was copied."""
     folder = tiny["mpnet"]
-    info = read_model_folder(folder)
-    model = families.load(folder, info.config, None, torch.device("cpu"), torch.float32)
+    model = preloaded.build(read_model_folder(folder), Placement(torch.device("cpu"), torch.float32))
     ranges = mapped_ranges(folder / "model.safetensors")
     params = dict(model.named_parameters())
     assert ranges and len(params) > 10
