@@ -81,8 +81,9 @@ class Window:
         )
 
 
-async def load(port: int, clients: int, seconds: float, texts: list[str]) -> Window:
-    """`clients` keep-alive clients, one single-string request at a time each, for `seconds`."""
+async def load(port: int, clients: int, seconds: float, texts: list[str], probe: str = "/health/live") -> Window:
+    """`clients` keep-alive clients, one single-string request at a time each, for `seconds`, while
+    `probe` is polled."""
     window = Window()
     deadline = time.perf_counter() + seconds
 
@@ -98,7 +99,7 @@ async def load(port: int, clients: int, seconds: float, texts: list[str]) -> Win
                 window.errors += 1
         conn.close()
 
-    prober = Prober(port)
+    prober = Prober(port, probe)
     started = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(clients)))
     window.seconds = time.perf_counter() - started

@@ -20,6 +20,7 @@ from common.wire import EngineSpec, Keyed, Msg, Tokens, send
 from engine.batching import split_by_length, split_by_tokens, take_batch
 from engine.checkpoint import refuse_pickles
 from engine.device import memory_detail, place
+from engine.heap import HeapTrim
 from engine.model import PoolingModel
 from engine.threads import ThreadShare
 
@@ -33,6 +34,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
     # The HTTP process must get a core the moment it has work (probes, 429s, tokenizing): the
     # engine yields to it and still takes every idle cycle.
     os.nice(spec.nice)
+    heap = HeapTrim()
     started = time.monotonic()
     try:
         info = read_model_folder(spec.model_path)
@@ -50,6 +52,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                     "load_s": round(loaded - started, 3),
                     "preloaded": os.getpid() != IMPORTED_BY_PID,
                     "backend": "native" if info.native else "transformers",
+                    "heap": heap.detail,
                     **model.weights,
                     **placement.detail,
                     **memory_detail(placement),
@@ -81,15 +84,19 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
     except Exception as exc:
         send(conn, (Msg.FAILED, (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
         return
-    serve_batches(conn, model, spec, overhead, share)
+    serve_batches(conn, model, spec, overhead, share, heap)
 
 
-def serve_batches(conn: Connection, model: PoolingModel, spec: EngineSpec, overhead: float, share: ThreadShare) -> None:
+def serve_batches(
+    conn: Connection, model: PoolingModel, spec: EngineSpec, overhead: float, share: ThreadShare, heap: HeapTrim
+) -> None:
     pending: deque[Keyed] = deque()
     while True:
         try:
             if not pending:
                 share.idle()
+                if not conn.poll(0):  # nothing waiting: the moment to hand freed memory back
+                    heap.idle()
                 if not _handle(conn, conn.recv(), pending):
                     return
             while conn.poll(0):
