@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.device import DTYPES, cpu_has
+from engine.device import DTYPES, cpu_has, cpu_has_int8
 from tests.server_process import ServerProcess
 from tests.vectors import TEXTS, cosines
 
@@ -29,8 +29,19 @@ def float32_vectors(model_dir: Path) -> np.ndarray:
 
 def test_int8_serves_vectors_close_to_float32(model_dir: Path, tmp_path: Path, float32_vectors: np.ndarray) -> None:
     """With WARMPOOL_DTYPE=int8 the engines (built once in the forkserver) report int8 and what was
-    quantized, and serve vectors of cosine >= 0.98 each and >= 0.995 on average to float32's."""
-    server = ServerProcess(model_dir, tmp_path / "server.log", dtype="int8").wait_ready()
+    quantized, and serve vectors of cosine >= 0.98 each and >= 0.995 on average to float32's; on a CPU
+    without int8 dot-product instructions the engine phase fails saying so, and nothing is served."""
+    server = ServerProcess(model_dir, tmp_path / "server.log", dtype="int8", fail_linger=2)
+    if not cpu_has_int8():
+        try:
+            failed = server.wait_failed()
+            assert [p["name"] for p in failed] == ["engine"]
+            assert "dtype int8: this CPU has no int8 dot-product instructions" in failed[0]["detail"]["error"]
+            assert server.post("/v1/embeddings", json={"input": "x"}).status_code == 503
+        finally:
+            server.stop()
+        return
+    server.wait_ready()
     try:
         detail = server.phase("engine")["detail"]
         got = served_vectors(server)

@@ -10,11 +10,15 @@ from torch import nn
 from common.modelfolder import ModelError, read_model_folder
 from common.wire import Tokens
 from engine import device
-from engine.device import place
+from engine.device import Placement, place
 from engine.int8 import Int8Linear, quantize
 from engine.model import PoolingModel
 from tests.tiny_models import TINY, TinyFolders
 from tests.vectors import TEXTS, cosines
+
+# An int8 CPU placement as place() makes it where the CPU has VNNI: the arithmetic is the same
+# without (only far slower), so these tests run on any CPU.
+INT8 = Placement(torch.device("cpu"), torch.float32, {"device": "cpu", "dtype": "int8"}, int8=True)
 
 
 def test_int8_linear_is_the_linear_within_its_rounding() -> None:
@@ -61,7 +65,7 @@ def test_every_family_runs_in_int8(tiny: TinyFolders, name: str) -> None:
     info = read_model_folder(tiny[name])
     assert info.native is (TINY[name].family != "distilbert")
     fp32 = PoolingModel(info, threads=1, placement=place("cpu", "float32", []))
-    int8 = PoolingModel(info, threads=1, placement=place("cpu", "int8", []))
+    int8 = PoolingModel(info, threads=1, placement=INT8)
     assert "int8" in int8.weights["quantization"] and "quantization" not in fp32.weights
     assert any(isinstance(m, Int8Linear) for m in int8.model.modules())
     items = [Tokens([5 + i for i in range(n)]) for n in (3, 9, 17)]
@@ -77,7 +81,7 @@ def test_int8_vectors_of_the_default_model_are_close_to_float32(model_dir) -> No
     info, pool = read_model_folder(model_dir), TokenizerPool(model_dir)
     items = [pool.encode(text) for text in TEXTS]
     fp32 = PoolingModel(info, threads=1, placement=place("cpu", "float32", [])).forward(items)
-    int8 = PoolingModel(info, threads=1, placement=place("cpu", "int8", [])).forward(items)
+    int8 = PoolingModel(info, threads=1, placement=INT8).forward(items)
     cosine = cosines(fp32, int8)
     assert cosine.min() >= 0.98 and cosine.mean() >= 0.995
     assert not np.allclose(fp32, int8, atol=1e-5)  # int8 really ran
@@ -92,14 +96,41 @@ def test_a_half_dtype_the_cpu_lacks_is_refused_by_name(monkeypatch: pytest.Monke
         place("cpu", dtype, [])
 
 
+def test_int8_is_refused_on_a_cpu_without_int8_dot_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the CPU has no VNNI or AMX-INT8, placing an int8 engine fails naming what it lacks and
+    what to use instead."""
+    monkeypatch.setattr(device, "cpu_has_int8", lambda: False)
+    with pytest.raises(ModelError, match=r"dtype int8: this CPU has no int8 dot-product instructions.*float32"):
+        place("cpu", "int8", [])
+
+
+def test_the_int8_instructions_are_read_from_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """cpu_has_int8 looks for avx512_vnni, avx_vnni or amx_int8 among the flags /proc/cpuinfo lists."""
+    real_path = device.Path
+
+    def cpuinfo(flags: str) -> None:
+        (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: fpu sse2 avx2 {flags}\n")
+        monkeypatch.setattr(
+            device, "Path", lambda p: real_path(tmp_path / "cpuinfo") if p == "/proc/cpuinfo" else real_path(p)
+        )
+
+    cpuinfo("fma")
+    assert not device.cpu_has_int8()
+    cpuinfo("avx512f avx512_vnni")
+    assert device.cpu_has_int8()
+    cpuinfo("avx_vnni")
+    assert device.cpu_has_int8()
+
+
 def test_int8_is_refused_on_a_gpu() -> None:
     """int8 is a CPU precision: asking for it on cuda fails before CUDA is touched."""
     with pytest.raises(ModelError, match="int8 runs on the CPU only"):
         place("cuda", "int8", [])
 
 
-def test_int8_computes_in_float32_and_says_int8() -> None:
+def test_int8_computes_in_float32_and_says_int8(monkeypatch: pytest.MonkeyPatch) -> None:
     """An int8 placement computes its non-quantized parts in float32 and reports dtype int8."""
+    monkeypatch.setattr(device, "cpu_has_int8", lambda: True)
     placement = place("cpu", "int8", [])
     assert placement.dtype == torch.float32 and placement.int8
     assert placement.precision == placement.detail["dtype"] == "int8"
