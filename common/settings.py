@@ -54,6 +54,10 @@ class Settings(BaseSettings):
         description="Admission permits (one per input); default 4 x max_batch_tokens / 64, at least 64.",
     )
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Request body limit (413 past it).")
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="Request line and headers limit, in bytes (414 or 431 past it)."
+    )
+    max_headers: int = Field(128, ge=8, description="Request headers one request may carry (431 past it).")
 
     engines: int | None = Field(
         None,

@@ -15,6 +15,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_inputs_per_request",
         "max_concurrent_inputs",
         "max_body_bytes",
+        "max_header_bytes",
+        "max_headers",
         "request_timeout",
         "read_timeout",
     ),

@@ -25,7 +25,7 @@ from orchestrator.supervisor import EngineStartError, EngineSupervisor
 from server.admission import Admission
 from server.app import create_app, with_middleware
 from server.engine_client import BatchStats, EngineClient
-from server.header_timeout import with_header_timeout
+from server.request_head import with_head_limits
 from server.services import ServedModel, Services
 from server.tokenizer import TokenizerPool
 
@@ -230,7 +230,7 @@ def run_server(
         access_log=False,
         lifespan="off",
         timeout_keep_alive=30,
-        http=with_header_timeout(settings.read_timeout),
+        http=with_head_limits(settings.read_timeout, settings.max_header_bytes, settings.max_headers),
         # The drain has already waited for in-flight work and answered the rest 503: uvicorn only
         # closes connections, so SIGTERM exits within WARMPOOL_DRAIN_TIMEOUT + ~2 s.
         timeout_graceful_shutdown=1,

@@ -92,3 +92,53 @@ def test_a_client_answered_before_its_body_cannot_hold_the_connection(guarded: S
         sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-length: 99999999\r\n\r\n{")
         answer = read_all(sock)  # returns once the server closes
     assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
+
+
+def send_until_answered(sock: socket.socket, head: bytes, rest: bytes, chunk: int = 16384) -> tuple[int, bytes]:
+    """Sends head, then rest chunk by chunk until the server answers; (bytes sent, the answer)."""
+    import select
+
+    sock.sendall(head)
+    sent = len(head)
+    for start in range(0, len(rest), chunk):
+        if select.select([sock], [], [], 0.05)[0]:
+            break  # the server has answered: stop sending
+        sock.sendall(rest[start : start + chunk])
+        sent += chunk
+    return sent, read_all(sock)
+
+
+def test_a_header_larger_than_the_cap_is_refused_431_while_it_arrives(guarded: ServerProcess) -> None:
+    """A 4 MiB header value is answered 431 in OpenAI's error shape, with connection: close, once
+    about 64 KiB of it have arrived: the server never reads the rest."""
+    with connect(guarded) as sock:
+        head = b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\nx-big: "
+        sent, answer = send_until_answered(sock, head, b"a" * (4 << 20))
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 431 ") and b"connection: close" in status
+    assert b"request headers longer than 65536 bytes" in body and b'"type": "invalid_request_error"' in body
+    assert sent < 1 << 20
+    assert guarded.get("/health/live").status_code == 200
+
+
+def test_a_request_line_longer_than_the_cap_is_refused_414(guarded: ServerProcess) -> None:
+    """A 1 MiB request target is answered 414."""
+    with connect(guarded) as sock:
+        _, answer = send_until_answered(sock, b"GET /v1/models?q=", b"b" * (1 << 20))
+    assert answer.startswith(b"HTTP/1.1 414 ") and b"request line longer than 65536 bytes" in answer
+
+
+def test_more_headers_than_the_cap_are_refused_431(guarded: ServerProcess) -> None:
+    """129 headers, each small, are answered 431 naming the count."""
+    headers = b"".join(b"x-h%d: v\r\n" % i for i in range(129))
+    with connect(guarded) as sock:
+        sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: x\r\n" + headers + b"\r\n")
+        answer = read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"more than 128 request headers" in answer
+
+
+def test_a_head_just_under_the_caps_is_served(guarded: ServerProcess) -> None:
+    """60 KiB of headers in 120 of them, the body after them in the same writes, is served as usual."""
+    headers = {f"x-h{i}": "v" * 500 for i in range(120)}
+    response = guarded.post("/v1/embeddings", json={"input": "hello"}, headers=headers)
+    assert response.status_code == 200 and len(response.json()["data"]) == 1
