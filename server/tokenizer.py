@@ -116,11 +116,22 @@ class TokenizerPool:
     def decode_batch(self, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
         return list(self.get().decode_batch(ids, skip_special_tokens=skip_special_tokens))
 
-    def spans(self, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+    def spans(self, texts: list[str], add_special_tokens: bool, max_tokens: int) -> list[list[dict[str, Any]]]:
         """TEI's token list per text: id, text, special and the character span it covers in the
-        text (null for special tokens, which cover none)."""
+        text (null for special tokens, which cover none). A text of more than `max_tokens` tokens
+        raises TooManyTokens before any token's answer is built: what a text may cost in Python
+        objects is what the model would take of it."""
         encodings = self.get().encode_batch(texts, add_special_tokens=add_special_tokens)  # with offsets
+        for index, encoding in enumerate(encodings):
+            if len(encoding.ids) > max_tokens:
+                raise TooManyTokens(index, len(encoding.ids))
         return [_spans(text, e) for text, e in zip(texts, encodings, strict=True)]
+
+
+class TooManyTokens(ValueError):
+    def __init__(self, index: int, count: int) -> None:
+        super().__init__(f"text {index} has {count} tokens")
+        self.index, self.count = index, count
 
 
 def _chars(item: TextOrPair) -> int:

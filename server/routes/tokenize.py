@@ -12,6 +12,7 @@ from server.pipeline import answer_without_engine
 from server.prompts import prompt_text
 from server.protocol import DetokenizeRequest, TokenizeRequest, openapi_body
 from server.protocol_tei import DecodeRequest, TEITokenizeRequest
+from server.tokenizer import TooManyTokens
 
 router = APIRouter(tags=["tokenize"])
 
@@ -32,7 +33,8 @@ def tokenize(raw: bytes, ctx: RequestContext) -> bytes:
 
 def tei_tokenize(body: TEITokenizeRequest, ctx: RequestContext) -> bytes:
     """TEI's answer: per text, its tokens with their text and character span (in the text with
-    its prompt, if one was named)."""
+    its prompt, if one was named). A text longer than the model takes is refused, as TEI does, so a
+    request answers at most its inputs x the model's maximum tokens."""
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     if not texts:
         raise inputs.bad_request("'inputs' must not be empty", "inputs")
@@ -42,7 +44,13 @@ def tei_tokenize(body: TEITokenizeRequest, ctx: RequestContext) -> bytes:
     texts = [
         inputs.capped(prompt + t, ctx.folder, name, truncating=False) for t, name in zip(texts, where, strict=True)
     ]
-    return outputs.to_json(ctx.tokenizers.spans(texts, body.add_special_tokens))
+    limit = ctx.folder.max_model_len
+    try:
+        return outputs.to_json(ctx.tokenizers.spans(texts, body.add_special_tokens, limit))
+    except TooManyTokens as exc:
+        raise inputs.bad_request(
+            f"{where[exc.index]} has {exc.count} tokens, more than the model's maximum of {limit}", "inputs"
+        ) from exc
 
 
 def checked_ids(ids: list[int], ctx: RequestContext, field: str) -> list[int]:

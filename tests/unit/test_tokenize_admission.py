@@ -43,3 +43,18 @@ def test_tokenizer_routes_take_a_permit(svc: Services, route: str, body: dict[st
         svc.admission.release(held or 0)
         assert http.post(route, json=body).status_code == 200
         assert svc.admission.used == 0
+
+
+def test_a_tei_tokenize_text_longer_than_the_model_takes_is_refused(svc: Services) -> None:
+    """TEI's /tokenize refuses, naming it, a text of more tokens than the model's maximum (256 here)
+    before answering any token: 240 such texts in one body no longer become ~500,000 answered tokens."""
+    long, short = "hello " * 300, "hello world"
+    with TestClient(with_middleware(create_app(svc))) as http:
+        refused = http.post("/tokenize", json={"inputs": [short, long]})
+        served = http.post("/tokenize", json={"inputs": [short, "hello " * 250]})
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "error": "inputs[1] has 302 tokens, more than the model's maximum of 256",
+        "error_type": "validation",
+    }
+    assert served.status_code == 200 and len(served.json()[1]) == 252
