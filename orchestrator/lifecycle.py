@@ -169,6 +169,10 @@ class LifecycleServer(uvicorn.Server):
             await asyncio.sleep(0.02)
         if svc.in_flight:
             log.warning("drain_timeout", in_flight=svc.in_flight)
+        if svc.end_body_reads():  # uploads still arriving: answered 503 before uvicorn closes them
+            ended = loop.time() + 1.0
+            while svc.body_reads and loop.time() < ended:
+                await asyncio.sleep(0.01)
         await self.shutdown_engines()  # what is still waiting for an engine is answered 503
         log.info("drained")
         self.should_exit = True

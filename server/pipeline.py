@@ -76,7 +76,12 @@ def request_context(svc: Services) -> RequestContext:
 
 async def read_body(request: Request, svc: Services) -> bytes:
     """The whole body within WARMPOOL_READ_TIMEOUT, else 408. Read before any admission permit is
-    taken, so uploads that never arrive cannot hold the permits admitted work needs."""
+    taken, so uploads that never arrive cannot hold the permits admitted work needs. A body still
+    arriving when the drain ends (Services.end_body_reads) is answered 503, not cancelled with the
+    server's shutdown (which would answer 500)."""
+    task = asyncio.current_task()
+    if task is not None:
+        svc.body_reads.add(task)
     try:
         return await asyncio.wait_for(request.body(), svc.settings.read_timeout)
     except TimeoutError:
@@ -87,6 +92,21 @@ async def read_body(request: Request, svc: Services) -> bytes:
             code="request_timeout",
             headers={"Connection": "close"},
         ) from None
+    except asyncio.CancelledError:
+        if task is None or task not in svc.body_reads_ended:
+            raise  # not the drain's: the client left, or the server is going down
+        task.uncancel()
+        svc.metrics.rejections.labels(reason="draining").inc()
+        raise APIError(
+            503,
+            "the server is shutting down and the request body had not all arrived",
+            code="shutting_down",
+            headers={"Connection": "close"},
+        ) from None
+    finally:
+        if task is not None:
+            svc.body_reads.discard(task)
+            svc.body_reads_ended.discard(task)
 
 
 @contextlib.contextmanager

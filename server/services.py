@@ -7,7 +7,7 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from fastapi import Request
 
@@ -43,6 +43,9 @@ class Services:
     models: dict[str, ServedModel] = field(default_factory=dict)  # those ready to serve
     configured: list[str] = field(default_factory=list)  # every model's name, the default first
     in_flight: int = 0  # HTTP requests being answered; draining waits for 0
+    # Requests whose body is still arriving, and those of them the drain ended (pipeline.read_body)
+    body_reads: set[asyncio.Task[Any]] = field(default_factory=set)
+    body_reads_ended: set[asyncio.Task[Any]] = field(default_factory=set)
     admission: Admission = field(init=False)
     metrics: Metrics = field(init=False)
 
@@ -53,6 +56,13 @@ class Services:
             lambda: self.admission.used + sum(m.admission.used for m in self.models.values() if m.admission)
         )
         self.metrics.queue_depth.set_function(lambda: sum(m.engine.queued_inputs for m in self.models.values()))
+
+    def end_body_reads(self) -> int:
+        """Cancel every body read still waiting for bytes; each answers 503 (pipeline.read_body)."""
+        for task in self.body_reads:
+            self.body_reads_ended.add(task)
+            task.cancel()
+        return len(self.body_reads)
 
     def batch_done(self, model: str, stats: BatchStats) -> None:
         """Batch statistics from a model's engine client (on its reader thread) into the metrics."""

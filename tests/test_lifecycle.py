@@ -284,3 +284,25 @@ def test_cuda_without_a_gpu_fails_the_engine_phase_and_exits(model_dir: Path, tm
         assert server.proc.wait(timeout=30) == 1
     finally:
         server.stop()
+
+
+def test_sigterm_with_an_upload_still_arriving_answers_it_503(model_dir: Path, log_path: Path) -> None:
+    """A request whose body is still arriving when the drain ends is answered 503 with
+    `connection: close`, not cancelled into a 500; nothing is logged as an unhandled error, and the
+    process exits 0."""
+    import socket
+
+    server = ServerProcess(model_dir, log_path, engines=1, drain_timeout=1).wait_ready()
+    head = b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(head + b'{"input": ')
+        wait_for(lambda: server.startup()["in_flight"] >= 1, 10, "the upload in flight")
+        server.proc.send_signal(signal.SIGTERM)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    status, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 503 ") and b"connection: close" in status.lower()
+    assert b"shutting down" in body
+    assert server.proc.wait(timeout=30) == 0
+    assert "Traceback" not in server.logs() and "Exception in ASGI application" not in server.logs()
