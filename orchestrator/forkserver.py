@@ -6,9 +6,13 @@ made start-up slower (+6.8 s), a background one saved 7.6 s on a 32B model.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
+import select
+import signal
+import time
 from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
 from pathlib import Path
@@ -26,6 +30,7 @@ from common.wire import FORKSERVER_MODELS_ENV
 ENGINE = "engine.process"
 TRANSFORMERS = "engine.transformers_preload"
 WEIGHTS = "engine.forkserver_preload"
+STOP_TIMEOUT_S = 5.0  # for the forkserver to exit once asked, before it is killed
 
 
 def preload_for(model_path: Path) -> list[str]:
@@ -103,11 +108,47 @@ def _choose(method: str, preload: list[str]) -> StartMethod:
     return StartMethod(ctx, preload=preload)
 
 
-def stop(method: StartMethod) -> None:
-    """Stop the forkserver once no engine holds it (the stdlib has no public call for this)."""
-    if method.fallback_reason is None:
-        from multiprocessing import forkserver
+def stop(method: StartMethod, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stop the forkserver once no engine holds it: asked to exit (its alive pipe closed), then
+    killed if it has not within `timeout_s`. The stdlib's own stop (there is no public one) waits
+    for its exit without a bound: a stopped or hung forkserver held SIGTERM's exit for good."""
+    if method.fallback_reason is not None:
+        return
+    from multiprocessing import forkserver, util
 
-        stop_server = getattr(forkserver._forkserver, "_stop", None)
-        if stop_server is not None:
-            stop_server()
+    server = forkserver._forkserver
+    with server._lock:  # type: ignore[attr-defined]
+        pid, alive = server._forkserver_pid, server._forkserver_alive_fd  # type: ignore[attr-defined]
+        if pid is None:
+            return
+        os.close(alive)
+        server._forkserver_alive_fd = server._forkserver_pid = None  # type: ignore[attr-defined]
+        if not exited(pid, timeout_s):
+            log.warning("forkserver_stop_timeout", pid=pid, timeout_s=timeout_s)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)  # killed: it is gone at once
+        address = server._forkserver_address  # type: ignore[attr-defined]
+        if address and not util.is_abstract_socket_namespace(address):
+            with contextlib.suppress(OSError):
+                os.unlink(address)
+        server._forkserver_address = None  # type: ignore[attr-defined]
+
+
+def exited(pid: int, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for child `pid` to exit, and reap it; False if it is still running."""
+    try:
+        handle = os.pidfd_open(pid)
+    except (OSError, AttributeError):  # no pidfd (old kernel): poll its exit
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return True
+            time.sleep(0.02)
+        return False
+    try:
+        if not select.select([handle], [], [], timeout_s)[0]:
+            return False
+    finally:
+        os.close(handle)
+    os.waitpid(pid, 0)
+    return True

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from structlog.testing import capture_logs
@@ -32,3 +37,30 @@ def test_a_broken_folder_preloads_both_so_the_engine_phase_reports_it(tmp_path: 
     """An unreadable folder is not the forkserver's to judge: it preloads everything, and the engine
     phase fails with the folder's error."""
     assert forkserver.preload_for(tmp_path / "missing") == [forkserver.ENGINE, forkserver.TRANSFORMERS]
+
+
+def _stop_a_stopped_forkserver(conn: Connection) -> None:
+    """In a child of its own: starts a forkserver, stops it with SIGSTOP, then stop() with a
+    0.5 s bound; sends (seconds stop() took, whether the forkserver process is gone)."""
+    import multiprocessing.forkserver as stdlib_forkserver
+
+    ctx = multiprocessing.get_context("forkserver")
+    stdlib_forkserver.ensure_running()
+    pid = stdlib_forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    forkserver.stop(forkserver.StartMethod(ctx), timeout_s=0.5)
+    conn.send((time.monotonic() - started, not Path(f"/proc/{pid}").exists()))
+
+
+def test_a_hung_forkserver_is_killed_when_stop_waits_too_long() -> None:
+    """stop() on a forkserver that does not exit when asked (SIGSTOPped) kills it once its bound has
+    passed, instead of waiting for it for good."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_stop_a_stopped_forkserver, args=(child,))
+    proc.start()
+    assert parent.poll(30), "stop() did not return"
+    took, gone = parent.recv()
+    proc.join(10)
+    assert 0.5 <= took < 5 and gone
