@@ -115,7 +115,7 @@ class Settings(BaseSettings):
         None,
         gt=0,
         description="Seconds an engine with work may answer nothing before it is replaced; "
-        "default from warm-up: 8 x a full batch's time, at least 10 s.",
+        "default from warm-up: 8 x the time of the largest forward answered in one go, at least 10 s.",
     )
     read_timeout: float = Field(
         30.0, gt=0, description="Seconds a client may take to send a request's headers, and again its body."
@@ -181,12 +181,14 @@ class Settings(BaseSettings):
         """Each engine's share of engine_threads while the others are busy too."""
         return max(1, self.engine_threads // self.engine_count)
 
-    def stall_timeout(self, ms_per_token: float) -> float:
-        """engine_stall_timeout, or 8 x the time of a full batch as warm-up measured it, at least 10 s:
-        an engine alone answers every group of a batch well within it, even sharing the cores."""
+    def stall_timeout(self, ms_per_token: float, group_tokens: int | None = None) -> float:
+        """engine_stall_timeout, or 8 x the time of the largest forward an engine answers in one go
+        (`group_tokens`, as the engine says: packed engines stream a batch back group by group;
+        default a full batch), as warm-up measured a token, at least 10 s. Sized by the group, not the
+        batch: a warm-up measured 14x slower on a busy machine made a batch-sized timeout ~4 minutes."""
         if self.engine_stall_timeout is not None:
             return self.engine_stall_timeout
-        return max(10.0, 8 * self.max_batch_tokens * ms_per_token / 1000)
+        return max(10.0, 8 * (group_tokens or self.max_batch_tokens) * ms_per_token / 1000)
 
     @property
     def admission_permits(self) -> int:

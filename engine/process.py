@@ -17,7 +17,7 @@ from typing import Any
 
 from common.modelfolder import ModelError, read_model_folder, weight_files
 from common.wire import EngineSpec, Keyed, Msg, Tokens, send
-from engine.batching import split_by_length, split_by_tokens, take_batch
+from engine.batching import GROUP_TOKENS, split_by_length, split_by_tokens, take_batch
 from engine.checkpoint import refuse_pickles
 from engine.device import memory_detail, place
 from engine.heap import HeapTrim
@@ -74,6 +74,8 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                     **({"waited_for_idle_s": round(waited, 3)} if spec.quiet_wait_s else {}),
                     "call_overhead_tokens": round(overhead, 1),
                     "ms_per_token": round(warmup.per_token_s * 1000, 4),
+                    # the most tokens one answer can wait on: the stall watchdog's yardstick
+                    "group_tokens": max(GROUP_TOKENS, info.max_model_len) if model.packed else spec.max_batch_tokens,
                     **warmup.detail,
                 },
             ),

@@ -60,7 +60,9 @@ class EngineWiring:
     def engine_ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:
         assert self.client is not None
         if self.client.stall_timeout_s is None:  # the first engine's warm-up sizes the watchdog
-            timeout = self.services.settings.stall_timeout(float(warmup.get("ms_per_token", 0.0)))
+            timeout = self.services.settings.stall_timeout(
+                float(warmup.get("ms_per_token", 0.0)), warmup.get("group_tokens")
+            )
             self.client.stall_timeout_s = timeout
             self.phases.update("engine", stall_timeout_s=round(timeout, 1))
         self.client.attach(slot, conn)

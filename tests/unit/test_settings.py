@@ -285,3 +285,14 @@ def test_help_groups_every_setting_once_with_its_variable() -> None:
     text = render()
     for name in FIELDS:
         assert f"--{name.replace('_', '-')}  (WARMPOOL_{name.upper()}" in text
+
+
+def test_the_derived_stall_timeout_follows_the_largest_group_not_the_batch() -> None:
+    """Derived from warm-up, the stall timeout is 8 x the time of the largest forward an engine
+    answers in one go (at least 10 s): 384 tokens at 10 ms a token give 30.72 s where the full
+    16,384-token batch would give ~22 minutes; without a group size the batch is the yardstick; a
+    set WARMPOOL_ENGINE_STALL_TIMEOUT wins."""
+    assert Settings().stall_timeout(10.0, 384) == pytest.approx(30.72)
+    assert Settings().stall_timeout(10.0) == pytest.approx(8 * 16384 * 10 / 1000)
+    assert Settings().stall_timeout(0.01, 384) == 10.0
+    assert Settings(engine_stall_timeout=3).stall_timeout(10.0, 384) == 3
