@@ -45,7 +45,7 @@ class HeapTrim:
     def __init__(self, trim_above: int = TRIM_ABOVE, every_s: float = CHECK_EVERY_S) -> None:
         self.trim_above, self.every_s = trim_above, every_s
         self.last = time.monotonic()
-        self.released = 0  # trims done, for tests and the phase
+        self.trims = 0  # trims done
         self._trim: Callable[[int], int] | None = None
         self._info: Callable[[], _Mallinfo2] | None = None
         try:
@@ -73,4 +73,4 @@ class HeapTrim:
         self.last = now
         if self.free_bytes() >= self.trim_above:
             self._trim(0)
-            self.released += 1
+            self.trims += 1

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from http import HTTPStatus
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-_REASONS = {414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
+from server.errors import APIError, openai_body
 
 
 class HeadRefused(Exception):
@@ -88,17 +89,12 @@ class _HeadLimitsProtocol(HttpToolsProtocol):
         self._refused = True
         self._disarm()
         self.logger.warning("request refused: %s", message)
-        body = json.dumps(
-            {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": str(status)}}
-        ).encode()
-        head = f"HTTP/1.1 {status} ".encode() + _REASONS[status] + b"\r\n"
-        self.transport.write(
-            head
-            + b"content-type: application/json\r\nconnection: close\r\ncontent-length: "
-            + str(len(body)).encode()
-            + b"\r\n\r\n"
-            + body
+        body = json.dumps(openai_body(APIError(status, message, code=str(status)))).encode()
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
         )
+        self.transport.write(head.encode() + body)
         self.transport.close()
 
     def on_response_complete(self) -> None:

@@ -32,7 +32,7 @@ def _fragment_then_trim(conn: Connection, trim_above: int) -> None:
     freed = _resident_mib()
     heap = HeapTrim(trim_above=trim_above, every_s=0.0)
     heap.idle()
-    conn.send((freed, _resident_mib(), heap.released))
+    conn.send((freed, _resident_mib(), heap.trims))
 
 
 def _run(trim_above: int) -> tuple[float, float, int]:
@@ -63,4 +63,4 @@ def test_idle_checks_at_most_once_per_interval() -> None:
     """Within `every_s` of the last check idle() does not even look at the heap."""
     heap = HeapTrim(trim_above=0, every_s=3600)
     heap.idle()
-    assert heap.released == 0
+    assert heap.trims == 0
