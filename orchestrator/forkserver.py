@@ -10,9 +10,7 @@ import contextlib
 import json
 import multiprocessing
 import os
-import select
 import signal
-import time
 from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
 from pathlib import Path
@@ -24,6 +22,7 @@ from common.modelfolder import ModelError, read_model_folder
 from common.settings import Settings
 from common.startup import StartupState
 from common.wire import FORKSERVER_MODELS_ENV
+from orchestrator.pidfd import ProcessRef
 
 # engine.process imports torch and the engine; engine.transformers_preload adds transformers and the
 # modules its model-loading path would import lazily.
@@ -136,19 +135,33 @@ def stop(method: StartMethod, timeout_s: float = STOP_TIMEOUT_S) -> None:
 
 def exited(pid: int, timeout_s: float) -> bool:
     """Wait up to `timeout_s` for child `pid` to exit, and reap it; False if it is still running."""
+    ref = ProcessRef(pid)
     try:
-        handle = os.pidfd_open(pid)
-    except (OSError, AttributeError):  # no pidfd (old kernel): poll its exit
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                return True
-            time.sleep(0.02)
-        return False
-    try:
-        if not select.select([handle], [], [], timeout_s)[0]:
+        if not ref.exited(timeout_s):
             return False
     finally:
-        os.close(handle)
+        ref.close()
     os.waitpid(pid, 0)
     return True
+
+
+def replace(method: StartMethod, reason: str) -> None:
+    """Kill a forkserver that stopped forking (SIGKILL, then its exit awaited without reaping it):
+    the next fork finds it dead and the stdlib starts a new one, preload included. A fork blocked
+    on it reads EOF and fails. Engines it forked keep running (the supervisor watches them by pidfd)."""
+    if method.fallback_reason is not None:
+        return
+    from multiprocessing import forkserver
+
+    pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    if pid is None:
+        return
+    log.error("forkserver_replaced", pid=pid, reason=reason)
+    ref = ProcessRef(pid)
+    try:
+        ref.kill()
+        # Left a zombie for ensure_running's waitpid, which then starts the new one; returning
+        # before it is one, that waitpid would still see it alive and fork from it again.
+        ref.exited(STOP_TIMEOUT_S)
+    finally:
+        ref.close()

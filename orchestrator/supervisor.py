@@ -26,6 +26,7 @@ from common.wire import EngineSpec, Msg
 from engine import entry
 from orchestrator import forkserver
 from orchestrator.forkserver import StartMethod
+from orchestrator.pidfd import ProcessRef
 from orchestrator.restart_budget import RestartBudget
 
 STOP_GRACE_S = 5.0
@@ -35,6 +36,11 @@ SHUTDOWN_GRACE_S = 1.0
 # How long an engine started after the first waits for the serving engines to be idle before it warms
 # up: the first requests after ready get the cores, a steady load delays the second engine this much.
 FOLLOWER_QUIET_S = 2.0
+# A fork from a running forkserver takes milliseconds; one after a replacement waits for the new
+# forkserver's preload, as the first fork did. Past this many times the first fork (at least
+# FORK_FLOOR_S) the forkserver is taken to be hung, and is killed and replaced.
+FORK_LIMIT_FACTOR = 5
+FORK_FLOOR_S = 10.0
 
 log = structlog.get_logger("warmpool.supervisor")
 
@@ -71,6 +77,8 @@ class EngineSupervisor:
         # One flag per engine, set while it runs a batch: engines size their torch pools by it.
         self.busy = method.ctx.RawArray("b", self.count)  # type: ignore[attr-defined]
         self.processes: list[multiprocessing.process.BaseProcess | None] = [None] * self.count
+        # What kills and waits for engines: their Process objects go blind with the forkserver.
+        self.refs: list[ProcessRef | None] = [None] * self.count
         self.budget = RestartBudget(settings.max_restarts, settings.restart_window)
         self._up: set[int] = set()
         self._up_lock = threading.Lock()  # _up and startup.engine_up change together
@@ -78,6 +86,8 @@ class EngineSupervisor:
         # A re-forked engine gets this long to load and warm up (the first has none: a cold start
         # from a slow volume takes what it takes, and the startup probe bounds it).
         self._start_limit_s: float | None = None
+        self._fork_limit_s: float | None = None  # likewise for a fork, once the first has been timed
+        self.forkserver_replacements = 0
         self.stalls = 0  # engines killed for answering nothing with work outstanding
         self._stopping = threading.Event()
         self._lost: queue.SimpleQueue[int | None] = queue.SimpleQueue()
@@ -113,6 +123,7 @@ class EngineSupervisor:
             "up": len(self._up),
             "restarts": self.budget.used,
             "stalls": self.stalls,
+            "forkserver_replacements": self.forkserver_replacements,
             "memory": self._memory(),
         }
 
@@ -129,13 +140,15 @@ class EngineSupervisor:
 
         Warming all engines side by side made readiness ~0.9 s later on 2 cores (bench.coldstart).
         """
-        process, conn = self._fork(0)
+        forking = time.monotonic()
+        _, conn = self._fork(0)
+        self._fork_limit_s = max(FORK_FLOOR_S, FORK_LIMIT_FACTOR * (time.monotonic() - forking))
         self.startup.done("forkserver", preload=self.method.preload)
         self.startup.start("engine", engines=self.count, **self._detail())
-        loaded = self._expect(conn, process, Msg.LOADED)
+        loaded = self._expect(conn, 0, Msg.LOADED)
         self.startup.done("engine", **{k: v for k, v in loaded.items() if k != "pid"})
         self.startup.start("warmup")
-        warmup = self._expect(conn, process, Msg.READY)
+        warmup = self._expect(conn, 0, Msg.READY)
         self.startup.done("warmup", **warmup)
         self._start_limit_s = max(60.0, 10 * (float(loaded.get("load_s", 0)) + float(warmup.get("warmup_s", 0))))
         self._ready(0, conn, warmup)
@@ -158,14 +171,14 @@ class EngineSupervisor:
         """Kill a hung engine (SIGKILL works on a stopped process too); its pipe closes, its inputs
         move to the other engines and it is replaced like any lost engine. An engine in that slot
         younger than the stall is its replacement already, and is left alone."""
-        process = self.processes[slot]
+        ref = self.refs[slot]
         if time.monotonic() - self._forked_at[slot] < stalled_s:
             return
-        if process is not None and process.is_alive():
-            log.error("engine_killed", slot=slot, pid=process.pid, reason=reason)
+        if ref is not None and not ref.exited():
+            log.error("engine_killed", slot=slot, pid=ref.pid, reason=reason)
             self.stalls += 1
             self.startup.update("engine", **self._detail())
-            process.kill()
+            ref.kill()
 
     def abort(self) -> None:
         """The start failed elsewhere (the model folder, the tokenizer): fork no engine from now on."""
@@ -176,12 +189,10 @@ class EngineSupervisor:
         self._stopping.set()
         self._lost.put(None)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
-        for process in self.processes:
-            if process is not None:
-                process.join(max(deadline - time.monotonic(), 0.0))
-                if process.is_alive():
-                    process.kill()
-                    process.join(STOP_GRACE_S)
+        for ref in self.refs:
+            if ref is not None and not ref.exited(max(deadline - time.monotonic(), 0.0)):
+                ref.kill()
+                ref.exited(STOP_GRACE_S)
         forkserver.stop(self.method)
 
     def _start_others(self) -> None:
@@ -204,11 +215,29 @@ class EngineSupervisor:
             name=f"warmpool-engine-{slot}",
             daemon=True,
         )
-        process.start()  # with forkserver, returns once the server has preloaded and forked
-        child.close()
-        self.processes[slot] = process
+        limit = self._fork_limit_s
+        overrun = threading.Timer(limit or 0, self._fork_overran, (slot, limit))
+        if limit is not None:
+            overrun.start()
+        try:
+            process.start()  # with forkserver, returns once the server has preloaded and forked
+        except (EOFError, OSError) as exc:  # the forkserver died under it (or was replaced)
+            parent.close()
+            raise EngineStartError(f"the forkserver did not fork engine {slot}: {exc or type(exc).__name__}") from None
+        finally:
+            overrun.cancel()
+            child.close()
+        if (old := self.refs[slot]) is not None:
+            old.close()
+        self.processes[slot], self.refs[slot] = process, ProcessRef(process.pid)  # type: ignore[arg-type]
         self._forked_at[slot] = time.monotonic()
         return process, parent
+
+    def _fork_overran(self, slot: int, limit: float) -> None:
+        """On a timer: a fork past its limit is blocked on a hung forkserver; killing it ends the fork."""
+        self.forkserver_replacements += 1
+        forkserver.replace(self.method, f"engine {slot} was not forked within {limit:.0f} s")
+        self.startup.update("engine", **self._detail())
 
     def _ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:
         with self._up_lock:  # an engine_lost for this pipe, however early, lands after this
@@ -219,14 +248,16 @@ class EngineSupervisor:
         log.info("engine_ready", slot=slot, pid=self.pids[slot], up=len(self._up))
 
     def _bring_up(self, slot: int, follower: bool = False) -> None:
-        process, conn = self._fork(slot, follower)
+        _, conn = self._fork(slot, follower)
         deadline = None if self._start_limit_s is None else time.monotonic() + self._start_limit_s
-        self._expect(conn, process, Msg.LOADED, deadline)
-        self._ready(slot, conn, self._expect(conn, process, Msg.READY, deadline))
+        self._expect(conn, slot, Msg.LOADED, deadline)
+        self._ready(slot, conn, self._expect(conn, slot, Msg.READY, deadline))
 
-    def _expect(self, conn: Connection, process: Any, wanted: str, deadline: float | None = None) -> dict[str, Any]:
-        """The engine's next start-up message of kind `wanted`; EngineStartError (the process
+    def _expect(self, conn: Connection, slot: int, wanted: str, deadline: float | None = None) -> dict[str, Any]:
+        """Engine `slot`'s next start-up message of kind `wanted`; EngineStartError (the process
         killed, so nothing lingers holding memory or a GPU) if it fails, dies or hangs past `deadline`."""
+        process, ref = self.processes[slot], self.refs[slot]
+        assert process is not None and ref is not None
         try:
             while not self._stopping.is_set():
                 if deadline is not None and time.monotonic() > deadline:
@@ -245,13 +276,14 @@ class EngineSupervisor:
                         raise EngineStartError(reason.splitlines()[0] if reason else "engine failed")
                     if kind == wanted:
                         return dict(body)
-                elif not process.is_alive():
+                elif ref.exited():
+                    process.join(STOP_GRACE_S)
                     raise EngineStartError(f"engine exited with code {process.exitcode} while starting")
             raise EngineStartError("stopping")
         except EngineStartError:
-            if process.is_alive():
-                process.kill()
-                process.join(STOP_GRACE_S)
+            if not ref.exited():
+                ref.kill()
+                ref.exited(STOP_GRACE_S)
             raise
 
     def _supervise(self) -> None:
@@ -287,8 +319,6 @@ class EngineSupervisor:
                 self.events.engine_restarted(slot)
 
     def _reap(self, slot: int) -> None:
-        process = self.processes[slot]
-        if process is not None:
-            process.join(1.0)
-            if process.is_alive():
-                process.kill()
+        ref = self.refs[slot]
+        if ref is not None and not ref.exited(1.0):
+            ref.kill()

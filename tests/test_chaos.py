@@ -2,7 +2,9 @@
 
 Clients keep posting embeddings while, cycle after cycle, an engine is killed with SIGKILL and
 another is stopped with SIGSTOP past the stall timeout, and an impatient client walks away from
-its requests. Every request must end as 200 with the right vectors, or as 503/429 with
+its requests; first of all the forkserver hangs (SIGSTOP) as an engine dies, so that the re-fork
+overruns, the forkserver is replaced, and the cycles then kill and hang engines of both forkservers.
+Every request must end as 200 with the right vectors, or as 503/429 with
 Retry-After; none may hang, fail with another status or lose its connection; liveness and
 readiness answer throughout, and nothing is left admitted or queued afterwards.
 """
@@ -134,6 +136,23 @@ def replaced(server: ServerProcess, victim: int) -> bool:
     return victim not in detail["pids"] and detail["up"] == 2  # type: ignore[operator]
 
 
+def hang_the_forkserver(server: ServerProcess, load: Load) -> None:
+    """SIGSTOP the forkserver and SIGKILL engine 0: the survivor serves while the re-fork overruns and
+    the forkserver is replaced; the engine comes back from the new one."""
+    detail = engine_detail(server)
+    hung = next(m["pid"] for m in detail["memory"] if m["process"] == "forkserver")  # type: ignore[attr-defined]
+    victim = detail["pids"][0]  # type: ignore[index]
+    os.kill(hung, signal.SIGSTOP)
+    try:
+        os.kill(victim, signal.SIGKILL)
+        served = load.outcomes["200"]
+        wait_for(lambda: replaced(server, victim), 90, "the engine back from a new forkserver")
+        assert load.outcomes["200"] > served, "the surviving engine served nothing meanwhile"
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # it is gone by then, unless the test failed
+            os.kill(hung, signal.SIGCONT)
+
+
 def test_chaos_under_load(chaos_server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
     """Kill and hang engines in turn under load: nothing but 200 (right vectors) or 503/429 with
     Retry-After, probes answer while an engine hangs, and everything drains back to zero."""
@@ -142,6 +161,7 @@ def test_chaos_under_load(chaos_server: ServerProcess, st_model) -> None:  # typ
     stopped_windows: list[tuple[float, float]] = []
     with Load(server, expected).running(clients=6) as load:
         wait_for(lambda: load.outcomes["200"] >= 20, 60, "load to build up")
+        hang_the_forkserver(server, load)
         for cycle in range(CYCLES):
             pids = [int(p) for p in engine_detail(server)["pids"]]  # type: ignore[attr-defined]
             victim = pids[cycle % 2]
@@ -158,7 +178,8 @@ def test_chaos_under_load(chaos_server: ServerProcess, st_model) -> None:  # typ
     assert set(load.outcomes) <= {"200", "503", "429", "abandoned"}, load.outcomes
     assert load.outcomes["abandoned"] > 0
     detail = engine_detail(server)
-    assert detail["stalls"] == CYCLES and detail["restarts"] == 2 * CYCLES
+    assert detail["stalls"] == CYCLES and detail["restarts"] == 2 * CYCLES + 2  # the overrun try, then one
+    assert detail["forkserver_replacements"] == 1
     # Readiness told the truth: another engine was up throughout, so it never dropped.
     assert set(load.ready) == {200}, Counter(load.ready)
     # Liveness answered every probe, also while an engine hung (the order implies the bound).

@@ -306,3 +306,36 @@ def test_sigterm_with_an_upload_still_arriving_answers_it_503(model_dir: Path, l
     assert b"shutting down" in body
     assert server.proc.wait(timeout=30) == 0
     assert "Traceback" not in server.logs() and "Exception in ASGI application" not in server.logs()
+
+
+def forkserver_pid(server: ServerProcess) -> int:
+    memory = server.phase("engine")["detail"]["memory"]
+    return int(next(m["pid"] for m in memory if m["process"] == "forkserver"))
+
+
+def test_a_hung_forkserver_is_replaced_when_a_refork_overruns(model_dir: Path, log_path: Path) -> None:
+    """SIGSTOP the forkserver, then SIGKILL the only engine: its re-fork blocks on the forkserver
+    until the fork limit, which kills and replaces the forkserver; the engine comes back from the new
+    one and serves (before, the server said "recovering" with 0 engines for good)."""
+    server = ServerProcess(model_dir, log_path, engines=1).wait_ready()
+    victim = server.wait_engines()["pids"][0]
+    hung = forkserver_pid(server)
+    try:
+        os.kill(hung, signal.SIGSTOP)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: server.get("/health/ready").status_code == 503, 30, "readiness to drop")
+        detail = wait_for(
+            lambda: (d := server.phase("engine")["detail"])["up"] == 1 and victim not in d["pids"] and d,
+            90,
+            "the engine back from a new forkserver",
+        )
+        assert detail["forkserver_replacements"] == 1 and detail["restarts"] == 2  # the overrun try, then one
+        assert forkserver_pid(server) != hung and gone(hung)
+        assert server.post("/v1/embeddings", json={"input": TEXTS}).status_code == 200
+        assert "forkserver_replaced" in server.logs()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hung, signal.SIGCONT)
+        children = server.children()
+        assert server.stop() == 0
+    assert all(gone(pid) for pid in children), "a process outlived the server"
