@@ -58,6 +58,12 @@ class Settings(BaseSettings):
         64 * 1024, ge=1024, description="Request line and headers limit, in bytes (414 or 431 past it)."
     )
     max_headers: int = Field(128, ge=8, description="Request headers one request may carry (431 past it).")
+    max_response_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=1024,
+        description="What one answer of per-token output (/embed_all vectors, TEI /tokenize spans) may take, "
+        "in bytes, estimated before the work (400 past it).",
+    )
 
     engines: int | None = Field(
         None,
@@ -115,7 +121,8 @@ class Settings(BaseSettings):
         None,
         gt=0,
         description="Seconds an engine with work may answer nothing before it is replaced; "
-        "default from warm-up: 8 x the time of the largest forward answered in one go, at least 10 s.",
+        "default from warm-up: 8 x the time of the largest forward answered in one go, at least 10 s, "
+        "at most half the request timeout.",
     )
     read_timeout: float = Field(
         30.0, gt=0, description="Seconds a client may take to send a request's headers, and again its body."
@@ -185,10 +192,13 @@ class Settings(BaseSettings):
         """engine_stall_timeout, or 8 x the time of the largest forward an engine answers in one go
         (`group_tokens`, as the engine says: packed engines stream a batch back group by group;
         default a full batch), as warm-up measured a token, at least 10 s. Sized by the group, not the
-        batch: a warm-up measured 14x slower on a busy machine made a batch-sized timeout ~4 minutes."""
+        batch: a warm-up measured 14x slower on a busy machine made a batch-sized timeout ~4 minutes.
+        At most half the request timeout, whatever warm-up measured: inputs held by an engine that
+        answers nothing for longer could not finish on another engine in time."""
         if self.engine_stall_timeout is not None:
             return self.engine_stall_timeout
-        return max(10.0, 8 * (group_tokens or self.max_batch_tokens) * ms_per_token / 1000)
+        derived = max(10.0, 8 * (group_tokens or self.max_batch_tokens) * ms_per_token / 1000)
+        return min(derived, self.request_timeout / 2)
 
     @property
     def admission_permits(self) -> int:

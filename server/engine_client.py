@@ -4,7 +4,9 @@ Pickling and pipe writes happen on each engine's sender thread and result bookke
 reader thread (server.engine_pipe), so the event loop only registers futures and receives
 finished requests. Each input goes to the engine with the fewest tokens outstanding; a dead
 engine's inputs move to the others, once per request. An engine with work outstanding that
-answers nothing for the stall timeout is reported, so the supervisor can kill and replace it.
+answers nothing for a quarter of the stall timeout is taken for stalled: it gets no new work while
+another engine answers, and what it holds moves to those; past the whole stall timeout it is
+reported, so the supervisor can kill and replace it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ class EngineFailed(Exception):
 
 
 log = structlog.get_logger("warmpool.engine_client")
+
+# Of the stall timeout, how long an engine with work may answer nothing before it is taken for
+# stalled: routed around and its inputs moved, well before it is killed. A healthy engine answers
+# each group of a batch in a fraction of a second; the stall timeout is 8 such groups or more.
+STALLED_SHARE = 0.25
 
 
 @dataclass
@@ -96,6 +103,9 @@ class EngineEvents(Protocol):
     def engine_stalled(self, slot: int, seconds: float) -> None:
         """Work outstanding and no answer for `seconds`: the engine should be replaced."""
 
+    def engines_stalled(self, slots: list[int], every: bool) -> None:
+        """The engines now taken for stalled changed to `slots`; `every`: all attached ones are."""
+
 
 class EngineClient:
     def __init__(
@@ -114,6 +124,7 @@ class EngineClient:
         self._slots: dict[int, EnginePipe] = {}
         self._stopped = False
         self._reported: set[EnginePipe] = set()  # stalls already reported, once per pipe
+        self._stalled: set[int] = set()  # slots routed around: no answer for STALLED_SHARE of the timeout
         self.stall_timeout_s = stall_timeout_s  # None until known: no watchdog before then
         self._watchdog = threading.Event()
         threading.Thread(target=self._watch, name="engine-watchdog", daemon=True).start()
@@ -182,12 +193,14 @@ class EngineClient:
             self._settle(req, EngineUnavailable(reason))
 
     def _dispatch(self, entries: list[_Entry]) -> None:
-        """Each input to the engine with the fewest tokens outstanding (caller holds the lock)."""
+        """Each input to the engine with the fewest tokens outstanding, among those not stalled
+        while there are any (caller holds the lock)."""
         if not self._slots or not entries:
             return
+        slots = [s for s in self._slots if s not in self._stalled] or list(self._slots)
         batches: dict[int, list[Keyed]] = {}
         for entry in entries:
-            slot = min(self._slots, key=lambda s: self._slots[s].load)
+            slot = min(slots, key=lambda s: self._slots[s].load)
             entry.slot = slot
             self._slots[slot].add(entry.tokens)
             batches.setdefault(slot, []).append(entry.request.items[entry.index])
@@ -211,19 +224,45 @@ class EngineClient:
             log.exception("engine_message_failed", slot=pipe.slot, kind=kind)
 
     def _watch(self) -> None:
-        """Report each engine that has had work outstanding and answered nothing for the stall timeout."""
-        while not self._watchdog.wait(0.25):
+        """Route around each engine with work outstanding and no answer for STALLED_SHARE of the
+        stall timeout, and report each one past the whole of it."""
+        while not self._watchdog.wait(0.1):
             timeout = self.stall_timeout_s
             if timeout is None:
                 continue
             now = time.monotonic()
             with self._lock:
-                stalled = [(p, p.stalled_for(now)) for p in self._slots.values() if p not in self._reported]
-                stalled = [(p, s) for p, s in stalled if s > timeout]
+                waited = {p: p.stalled_for(now) for p in self._slots.values()}
+                was = self._stalled
+                self._stalled = {p.slot for p, s in waited.items() if s > STALLED_SHARE * timeout}
+                changed = was != self._stalled
+                self._move_off()
+                stalled = [(p, s) for p, s in waited.items() if s > timeout and p not in self._reported]
                 self._reported.update(p for p, _ in stalled)
+                every = bool(self._stalled) and self._stalled == set(self._slots)
+            if changed:
+                log.warning("engines_stalled", slots=sorted(self._stalled), every=every)
+                self._events.engines_stalled(sorted(self._stalled), every)
             for pipe, seconds in stalled:
                 log.error("engine_stalled", slot=pipe.slot, seconds=round(seconds, 1), load=pipe.load)
                 self._events.engine_stalled(pipe.slot, seconds)
+
+    def _move_off(self) -> None:
+        """What stalled engines hold goes to the engines still answering, if there are any; the
+        stalled ones are told to drop it (should they wake, their answers find nothing to fill)."""
+        if not self._stalled or not set(self._slots) - self._stalled:
+            return
+        moved = [e for e in self._entries.values() if e.slot in self._stalled]
+        if not moved:
+            return
+        for slot in {e.slot for e in moved}:
+            held = [e for e in moved if e.slot == slot]
+            self._slots[slot].cancel(sum(e.tokens for e in held))  # type: ignore[index]
+            self._slots[slot].send((Msg.CANCEL, [e.request.items[e.index][0] for e in held]))  # type: ignore[index]
+        for entry in moved:
+            entry.slot = None
+        log.warning("inputs_moved_off_stalled", slots=sorted(self._stalled), inputs=len(moved))
+        self._dispatch(moved)
 
     def _on_result(self, keys: list[int], vectors: np.ndarray, stats: dict[str, Any]) -> None:
         done: list[_Request] = []

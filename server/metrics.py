@@ -36,6 +36,9 @@ class _PhaseCollector(Collector):
             "warmpool_prefetch_bytes", "Bytes read into the page cache by prefetch", labels=["model"]
         )
         engines_up = GaugeMetricFamily("warmpool_engines_up", "Engines warm and taking work", labels=["model"])
+        stalled = GaugeMetricFamily(
+            "warmpool_engines_stalled", "Engines with work answering nothing: routed around", labels=["model"]
+        )
         for phase in phases:
             if phase["duration_s"] is not None:
                 duration.add_metric([phase["name"], phase["state"]], phase["duration_s"])
@@ -45,9 +48,11 @@ class _PhaseCollector(Collector):
                 prefetched.add_metric([model], detail.get("bytes_done", 0) - detail.get("bytes_cached", 0))
             if kind == "engine":
                 engines_up.add_metric([model], phase["detail"].get("up", 0))
+                stalled.add_metric([model], len(phase["detail"].get("stalled", [])))
         yield duration
         yield prefetched
         yield engines_up
+        yield stalled
 
 
 class Metrics:

@@ -136,6 +136,7 @@ class RecordingEvents:
         self.batches: list[BatchStats] = []
         self.lost: list[int] = []
         self.stalled: list[tuple[int, float]] = []
+        self.stalled_sets: list[tuple[list[int], bool]] = []
 
     def batch_done(self, stats: BatchStats) -> None:
         self.batches.append(stats)
@@ -145,6 +146,9 @@ class RecordingEvents:
 
     def engine_stalled(self, slot: int, seconds: float) -> None:
         self.stalled.append((slot, seconds))
+
+    def engines_stalled(self, slots: list[int], every: bool) -> None:
+        self.stalled_sets.append((slots, every))
 
 
 class Rig:
@@ -555,5 +559,38 @@ def test_an_engines_cancel_acknowledgement_frees_its_load() -> None:
         await until(lambda: short in a.keys + b.keys, "the next input at an engine")
         assert a.keys[-1] == short and b.keys == []
         assert rig.events.stalled == []
+
+    run(scenario)
+
+
+def test_a_stalled_engine_gets_no_new_work_and_its_inputs_move_to_one_that_answers() -> None:
+    """An engine with work and no answer for a quarter of the stall timeout is taken for stalled (and
+    said so) long before it is killed: new work goes to an engine that keeps answering even with far
+    more load, and what the stalled one holds moves there (cancelled on the stalled one)."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.client.stall_timeout_s = 2.0  # taken for stalled after 0.5 s, reported after 2 s
+        b = rig.attach(1)
+        rig.client.submit([tok(i, 50) for i in range(20)])  # 1,000 tokens at the answering engine
+
+        async def answering() -> None:  # one input every 50 ms, as an engine streams groups back
+            done = 0
+            while True:
+                if done < len(keys := b.keys):
+                    b.answer([keys[done]])
+                    done += 1
+                await asyncio.sleep(0.05)
+
+        answerer = asyncio.ensure_future(answering())
+        rig.attach_hung(0)
+        stuck_future, (stuck,) = rig.client.submit([tok(100, 3)])  # to the idle engine, which hangs
+        await until(lambda: rig.events.stalled_sets, "an engine taken for stalled")
+        assert rig.events.stalled_sets == [([0], False)]
+        await until(lambda: stuck in b.keys, "the stalled engine's input moved")
+        new_future, _ = rig.client.submit([tok(101, 3)])  # hung: 3 tokens; answering: hundreds
+        assert (await result(stuck_future)).vectors.tolist() == [[100, 3, 1]]
+        assert (await result(new_future)).vectors.tolist() == [[101, 3, 1]]
+        assert rig.events.stalled == []  # not yet past the whole stall timeout
+        answerer.cancel()
 
     run(scenario)

@@ -293,6 +293,14 @@ def test_the_derived_stall_timeout_follows_the_largest_group_not_the_batch() -> 
     16,384-token batch would give ~22 minutes; without a group size the batch is the yardstick; a
     set WARMPOOL_ENGINE_STALL_TIMEOUT wins."""
     assert Settings().stall_timeout(10.0, 384) == pytest.approx(30.72)
-    assert Settings().stall_timeout(10.0) == pytest.approx(8 * 16384 * 10 / 1000)
+    assert Settings(request_timeout=3600).stall_timeout(10.0) == pytest.approx(8 * 16384 * 10 / 1000)
     assert Settings().stall_timeout(0.01, 384) == 10.0
     assert Settings(engine_stall_timeout=3).stall_timeout(10.0, 384) == 3
+
+
+def test_the_derived_stall_timeout_is_at_most_half_the_request_timeout() -> None:
+    """However slow warm-up measured (a busy machine), a derived stall timeout leaves half the request
+    timeout for a stalled engine's inputs to finish elsewhere; a set one is taken as it is."""
+    assert Settings().stall_timeout(10.0) == 60.0  # 22 minutes derived, request timeout 120 s
+    assert Settings(request_timeout=5).stall_timeout(0.01, 384) == 2.5  # below the 10 s floor too
+    assert Settings(request_timeout=5, engine_stall_timeout=30).stall_timeout(10.0, 384) == 30
