@@ -17,6 +17,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_body_bytes",
         "max_header_bytes",
         "max_headers",
+        "max_response_bytes",
         "request_timeout",
         "read_timeout",
     ),

@@ -139,6 +139,16 @@ class RequestContext:
             raise overloaded()
         self.admitted += permits
 
+    def budget_response(self, estimate: int, field: str) -> None:
+        """Refuse a request whose answer would take more than max_response_bytes, before it is built."""
+        limit = self.settings.max_response_bytes
+        if estimate > limit:
+            raise bad_request(
+                f"the answer would take about {estimate / 2**20:.0f} MiB, more than WARMPOOL_MAX_RESPONSE_BYTES "
+                f"({limit / 2**20:.0f} MiB) allows: send fewer or shorter inputs",
+                field,
+            )
+
     def release(self) -> None:
         if self.admission is not None and self.admitted:
             self.admission.release(self.admitted)

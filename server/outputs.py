@@ -45,6 +45,9 @@ def encode_vector(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
     return vector
 
 
+JSON_FLOAT_BYTES = 16  # the most a float32 takes in to_json: 15 characters at most, and a comma
+
+
 def to_json(body: Any) -> bytes:
     """orjson writes float32 arrays in their shortest round-trip form, ~10x faster than json."""
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -8,6 +8,7 @@ use `encode`, whose cost is below the batch call's thread hand-off.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +17,10 @@ from tokenizers import Encoding, Tokenizer
 from common.causal_reranker import PairTemplate
 from common.modelfolder import ModelError
 from common.wire import Tokens
+
+# The most a TEI token span takes less the text it covers: {"id":..,"text":"","special":false,
+# "start":..,"stop":..}, with 7-digit offsets, or a special token's text and nulls.
+SPAN_BYTES = 80
 
 # Up to this many characters a lone text is encoded holding the GIL: well under a millisecond.
 SHORT_TEXT_CHARS = 1024
@@ -116,15 +121,19 @@ class TokenizerPool:
     def decode_batch(self, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
         return list(self.get().decode_batch(ids, skip_special_tokens=skip_special_tokens))
 
-    def spans(self, texts: list[str], add_special_tokens: bool, max_tokens: int) -> list[list[dict[str, Any]]]:
+    def spans(
+        self, texts: list[str], add_special_tokens: bool, max_tokens: int, budget: Callable[[int, str], None]
+    ) -> list[list[dict[str, Any]]]:
         """TEI's token list per text: id, text, special and the character span it covers in the
         text (null for special tokens, which cover none). A text of more than `max_tokens` tokens
-        raises TooManyTokens before any token's answer is built: what a text may cost in Python
-        objects is what the model would take of it."""
+        raises TooManyTokens, and `budget` is given the answer's size in bytes (it raises to
+        refuse it), before any token's answer is built: what a text may cost in Python objects is
+        what the model would take of it."""
         encodings = self.get().encode_batch(texts, add_special_tokens=add_special_tokens)  # with offsets
         for index, encoding in enumerate(encodings):
             if len(encoding.ids) > max_tokens:
                 raise TooManyTokens(index, len(encoding.ids))
+        budget(sum(SPAN_BYTES * len(e.ids) + len(t.encode()) for t, e in zip(texts, encodings, strict=True)), "inputs")
         return [_spans(text, e) for text, e in zip(texts, encodings, strict=True)]
 
 

@@ -212,3 +212,21 @@ def test_tei_embed_all_gives_every_tokens_hidden_state(server: ServerProcess, mo
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
     pooled = server.post("/embed", json={"inputs": texts}).json()  # the same batch kinds still pool
     assert len(pooled) == 3 and len(pooled[0]) == 384
+    tokens = sum(len(tokenizer(t)["input_ids"]) for t in texts)
+    assert len(r.content) <= tokens * 384 * 16  # what the response budget counts per token
+
+
+def test_tei_embed_all_past_the_response_budget_is_a_400_before_any_engine_work(server: ServerProcess) -> None:
+    """400 inputs of ~240 tokens would answer ~600 MB of JSON from a 0.5 MB body: refused with the
+    setting named, in TEI's shape, and no engine batch runs for it."""
+
+    def batches() -> str:
+        return next(
+            line for line in server.get("/metrics").text.splitlines() if line.startswith("warmpool_batch_size_count")
+        )
+
+    before = batches()
+    r = server.post("/embed_all", json={"inputs": ["warm " * 240] * 400})
+    assert r.status_code == 400 and r.json()["error_type"] == "validation"
+    assert "WARMPOOL_MAX_RESPONSE_BYTES" in r.json()["error"]
+    assert batches() == before

@@ -73,6 +73,8 @@ def prepare_embed_all(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedAllRe
         prompt=prompt_text(ctx.folder, body.prompt_name),
         direction=body.truncation_direction,
     )
+    values = sum(len(t.input_ids) for t in tokens) * ctx.folder.hidden_size
+    ctx.budget_response(values * outputs.JSON_FLOAT_BYTES, "inputs")
     return Prepared(body, [t._replace(per_token=True) for t in tokens])
 
 

@@ -46,7 +46,8 @@ def tei_tokenize(body: TEITokenizeRequest, ctx: RequestContext) -> bytes:
     ]
     limit = ctx.folder.max_model_len
     try:
-        return outputs.to_json(ctx.tokenizers.spans(texts, body.add_special_tokens, limit))
+        spans = ctx.tokenizers.spans(texts, body.add_special_tokens, limit, ctx.budget_response)
+        return outputs.to_json(spans)
     except TooManyTokens as exc:
         raise inputs.bad_request(
             f"{where[exc.index]} has {exc.count} tokens, more than the model's maximum of {limit}", "inputs"

@@ -13,7 +13,7 @@ import pytest
 
 from common.modelfolder import ModelError, read_model_folder, read_prompts
 from server.errors import APIError, error_response
-from server.outputs import quantize
+from server.outputs import quantize, to_json
 from server.prompts import prompt_for_input_type, prompt_text
 from server.protocol import RerankRequest, openapi_body
 from server.protocol_tei import SimilarityRequest
@@ -118,10 +118,19 @@ def test_predict_inputs_of_the_wrong_shape_are_a_400(value) -> None:  # type: ig
 def test_token_spans_cover_the_text(tokenizers: TokenizerPool) -> None:
     """Each non-special token's span is the slice of the text it came from, in characters."""
     text = "Héllo wörld, unbelievable!"
-    (spans,) = tokenizers.spans([text], add_special_tokens=True, max_tokens=256)
+    (spans,) = tokenizers.spans([text], add_special_tokens=True, max_tokens=256, budget=lambda size, field: None)
     assert spans[0] == {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}
     assert all(text[s["start"] : s["stop"]] == s["text"] for s in spans if not s["special"])
     assert [s["text"] for s in spans[1:3]] == ["Héllo", "wörld"]
+
+
+def test_the_span_budget_is_told_at_least_what_the_answer_takes(tokenizers: TokenizerPool) -> None:
+    """The size `spans` gives its budget before building the answer is no less than the JSON it
+    then becomes, for ASCII, multi-byte text, special tokens and long offsets alike."""
+    texts = ["Héllo wörld, unbelievable! 🚀 " * 40, "short", "x" * 3000, "日本語のテキスト" * 50]
+    told: list[int] = []
+    spans = tokenizers.spans(texts, True, 4096, lambda size, field: told.append(size))
+    assert told and len(to_json(spans)) <= told[0]
 
 
 def test_left_truncation_keeps_the_end(tokenizers: TokenizerPool) -> None:

@@ -58,3 +58,15 @@ def test_a_tei_tokenize_text_longer_than_the_model_takes_is_refused(svc: Service
         "error_type": "validation",
     }
     assert served.status_code == 200 and len(served.json()[1]) == 252
+
+
+def test_a_tei_tokenize_answer_past_the_response_budget_is_refused(svc: Services) -> None:
+    """TEI's /tokenize whose spans would take more than WARMPOOL_MAX_RESPONSE_BYTES is a 400 naming
+    the setting, before any span is built; one within it is served."""
+    svc.settings = svc.settings.model_copy(update={"max_response_bytes": 20_000})
+    with TestClient(with_middleware(create_app(svc))) as http:
+        refused = http.post("/tokenize", json={"inputs": ["hello " * 250] * 4})  # 4 x 252 spans
+        served = http.post("/tokenize", json={"inputs": ["hello world"] * 4})
+    assert refused.status_code == 400
+    assert "WARMPOOL_MAX_RESPONSE_BYTES" in refused.json()["error"], refused.json()
+    assert served.status_code == 200 and len(served.json()) == 4
