@@ -145,19 +145,26 @@ def exited(pid: int, timeout_s: float) -> bool:
     return True
 
 
+def pid(method: StartMethod) -> int | None:
+    """The running forkserver's pid (None under spawn, or before it is started)."""
+    if method.fallback_reason is not None:
+        return None
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined,no-any-return]
+
+
 def replace(method: StartMethod, reason: str) -> None:
     """Kill a forkserver that stopped forking (SIGKILL, then its exit awaited without reaping it):
     the next fork finds it dead and the stdlib starts a new one, preload included. A fork blocked
     on it reads EOF and fails. Engines it forked keep running (the supervisor watches them by pidfd)."""
     if method.fallback_reason is not None:
         return
-    from multiprocessing import forkserver
-
-    pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
-    if pid is None:
+    hung = pid(method)
+    if hung is None:
         return
-    log.error("forkserver_replaced", pid=pid, reason=reason)
-    ref = ProcessRef(pid)
+    log.error("forkserver_replaced", pid=hung, reason=reason)
+    ref = ProcessRef(hung)
     try:
         ref.kill()
         # Left a zombie for ensure_running's waitpid, which then starts the new one; returning

@@ -19,7 +19,7 @@ import structlog
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from common.devices import engine_device
-from common.procmem import parent_pid, process_memory
+from common.procmem import process_memory
 from common.settings import Settings
 from common.startup import ModelPhases
 from common.wire import EngineSpec, Msg
@@ -131,8 +131,8 @@ class EngineSupervisor:
         """RSS, PSS, shared and private MB of each live engine and of the forkserver they share the
         weights with (common/procmem.py): PSS adds up to what they hold together."""
         pids = [(f"engine {slot}", pid) for slot, pid in enumerate(self.pids) if pid]
-        if self.method.name == "forkserver" and pids and (parent := parent_pid(pids[0][1])) is not None:
-            pids.append(("forkserver", parent))
+        if pids and (server := forkserver.pid(self.method)) is not None:  # not an engine's parent: that
+            pids.append(("forkserver", server))  # may be the one replaced (orphans go to init)
         return [{"process": name, "pid": pid, **memory} for name, pid in pids if (memory := process_memory(pid))]
 
     def start_engines(self) -> None:
