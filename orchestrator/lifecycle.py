@@ -165,8 +165,9 @@ class LifecycleServer(uvicorn.Server):
         await self.shutdown_engines()
         self.should_exit = True
 
-    async def drain(self) -> None:
+    async def drain(self, sig: int) -> None:
         """Readiness 503 at once, new work 503, in-flight work finishes, then engines stop."""
+        log.info("signal", signal=signal.Signals(sig).name)
         svc = self.services
         svc.startup.draining = True
         log.info("draining", in_flight=svc.in_flight, timeout_s=svc.settings.drain_timeout)
@@ -193,13 +194,15 @@ class LifecycleServer(uvicorn.Server):
         await asyncio.gather(*(asyncio.wrap_future(_in_thread(stop, "engine-stop")) for stop in stops))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """A signal handler: it runs between two bytecodes of the main thread, which may be holding
+        a lock (the log's, mid-line) it would then wait on for good, so it takes none: no logging
+        here, only flags and a wake-up of the loop (bench.startstop found SIGTERM ignored so)."""
         if self._draining or self._loop is None:
             self.force_exit = self._draining and sig == signal.SIGINT
             self.should_exit = True
             return
         self._draining = True
-        log.info("signal", signal=signal.Signals(sig).name)
-        self._loop.call_soon_threadsafe(self._spawn, self.drain())
+        self._loop.call_soon_threadsafe(self._spawn, self.drain(sig))
 
 
 def _load_model_side(path: Path) -> tuple[ModelFolder, TokenizerPool]:
