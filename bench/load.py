@@ -28,15 +28,19 @@ from tests.server_process import ServerProcess
 
 
 class RawModel:
-    """sentence-transformers `encode` on the same sentences: the baseline every ratio divides by."""
+    """sentence-transformers `encode` on the same sentences (SparseEncoder's for a SPLADE folder):
+    the baseline every ratio divides by."""
 
     def __init__(self, texts: list[str], threads: int, model: Path = MODEL) -> None:
         import torch
-        from sentence_transformers import SentenceTransformer
+        from sentence_transformers import SentenceTransformer, SparseEncoder
+
+        from common.modelfolder import read_model_folder
 
         torch.set_num_threads(threads)
         self.texts = texts
-        self.model = SentenceTransformer(str(model), device="cpu")
+        reference = SparseEncoder if read_model_folder(model).kind == "sparse" else SentenceTransformer
+        self.model = reference(str(model), device="cpu")
         self.model.encode(texts[:64], batch_size=32)
 
     def throughput(self) -> float:

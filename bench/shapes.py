@@ -1,7 +1,7 @@
 """Random-weight sentence-transformers folders shaped like models people deploy, for benchmarks
 (never committed: generated into a temp dir). Each uses the embedded model's WordPiece tokenizer, so
 every family sees the same tokens and only the architecture's cost differs.
-Usage: .venv/bin/python -m bench.shapes DEST [bert-base xlm-roberta-base qwen3-0.6b]
+Usage: .venv/bin/python -m bench.shapes DEST [bert-base xlm-roberta-base qwen3-0.6b splade-bert-base]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from bench.common import MODEL
 BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
 SHAPES: dict[str, tuple[str, dict[str, Any], str]] = {
     "bert-base": ("Bert", BASE, "mean"),
+    "splade-bert-base": ("Bert", BASE, "splade"),  # BertForMaskedLM under SpladePooling (max)
     "xlm-roberta-base": ("XLMRoberta", {**BASE, "type_vocab_size": 1, "max_position_embeddings": 514}, "cls"),
     "qwen3-0.6b": (
         "Qwen3",
@@ -43,21 +44,35 @@ def build(dest: Path, shape: str) -> Path:
 
     stem, config, pooling = SHAPES[shape]
     torch.manual_seed(0)
+    head = "ForMaskedLM" if pooling == "splade" else "Model"
     with torch.device("meta"):  # sized first, then materialised once: no second random init
-        model = getattr(transformers, f"{stem}Model")(
+        model = getattr(transformers, f"{stem}{head}")(
             getattr(transformers, f"{stem}Config")(vocab_size=30522, pad_token_id=0, **config)
         )
     model = model.to_empty(device="cpu")
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0, 0.02)
+        if pooling == "splade":  # ~100 weights an input, as trained SPLADE models have, not half the vocabulary
+            model.cls.predictions.bias.fill_(-2.0)
     encoder = save_with_tokenizer(model, dest / f"{shape}-hf", MODEL)
+    if pooling == "splade":
+        return _splade(encoder, dest / shape)
     transformer = Transformer(str(encoder), max_seq_length=256)
     width = transformer.get_embedding_dimension()
     folder = dest / shape
     SentenceTransformer(modules=[transformer, Pooling(width, pooling_mode=pooling), Normalize()], device="cpu").save(
         str(folder)
     )
+    return folder
+
+
+def _splade(encoder: Path, folder: Path) -> Path:
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    modules = [MLMTransformer(str(encoder), max_seq_length=256), SpladePooling("max")]
+    SparseEncoder(modules=modules, device="cpu").save(str(folder))
     return folder
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.causal_reranker import PairTemplate, reranker_template, score_token_ids
+from common.splade import Splade, read_splade
 
-Kind = Literal["embedding", "classification", "cross-encoder"]
+Kind = Literal["embedding", "classification", "cross-encoder", "sparse"]
 PoolingMode = Literal["mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len_tokens"]
 
 _POOLING_KEYS: dict[str, PoolingMode] = {
@@ -64,10 +65,13 @@ class ModelFolder:
     pair_template: PairTemplate | None = None  # a causal-LM reranker's prompt (common.causal_reranker)
     score_tokens: tuple[int, int] | None = None  # its (no, yes) token ids: the LM head rows it is scored by
     dense: tuple[DenseLayer, ...] = ()  # sentence-transformers Dense modules, in order, after pooling
+    splade: Splade | None = None  # a sparse model's SPLADE pooling over its masked-LM logits
 
     @property
     def dimensions(self) -> int:
         """Length of the vector the engine returns per input."""
+        if self.kind == "sparse":
+            return self.vocab_size
         if self.kind != "embedding":
             return max(len(self.id2label), 1)
         return self.dense[-1].out_features if self.dense else self.hidden_size
@@ -127,7 +131,13 @@ def _read(path: Path) -> ModelFolder:
     st_config = _read_json(path / "sentence_bert_config.json")
     pair_template = reranker_template(config, architecture, has_modules=(path / "modules.json").is_file())
     score_tokens = None if pair_template is None else _score_tokens(path, architecture)
-    kind = _kind(architecture, config) if pair_template is None else "cross-encoder"
+    kind: Kind = _kind(architecture, config) if pair_template is None else "cross-encoder"
+    hidden = int(config.get("hidden_size") or config.get("d_model") or config.get("dim") or config.get("n_embd") or 0)
+    pooling, normalize, dense, splade = _modules(path, modules, hidden)
+    if splade is not None:
+        if not architecture.endswith("ForMaskedLM"):
+            raise ModelError(f"{path} has SPLADE pooling but a {architecture}: SPLADE pools a masked-LM head's logits")
+        kind = "sparse"
     native = native_model(path, config, kind)
     if pair_template is not None and not native:
         raise ModelError(
@@ -137,8 +147,6 @@ def _read(path: Path) -> ModelFolder:
     id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
     if kind == "cross-encoder":
         id2label = id2label if len(id2label) == 1 else {0: "score"}
-    hidden = int(config.get("hidden_size") or config.get("d_model") or config.get("dim") or config.get("n_embd") or 0)
-    pooling, normalize, dense = _modules(path, modules, hidden)
     prompts, default_prompt_name = read_prompts(path)
     return ModelFolder(
         path=path,
@@ -152,6 +160,7 @@ def _read(path: Path) -> ModelFolder:
         id2label=id2label,
         native=native,
         dense=dense,
+        splade=splade,
         config=config,
         prompts=prompts,
         default_prompt_name=default_prompt_name,
@@ -265,6 +274,8 @@ NOMIC_SWITCHES: dict[str, Any] = {
 # Qwen3-Embedding (its config names Qwen3ForCausalLM, its weights are Qwen3Model's) and, as a "classifier",
 # a Qwen3ForCausalLM folder that common.causal_reranker makes a yes/no reranker
 NATIVE_FAMILIES["qwen3"] = (frozenset({"Qwen3Model", "Qwen3ForCausalLM"}), frozenset({"Qwen3ForCausalLM"}))
+# Masked-LM architectures a native family serves with SPLADE pooling (engine.sparse): BERT's head.
+SPARSE_NATIVE: dict[str, frozenset[str]] = {"bert": frozenset({"BertForMaskedLM"})}
 # What a family's config must say besides for its native module to compute what transformers does.
 NATIVE_ONLY_IF: dict[str, Callable[[dict[str, Any]], bool]] = {
     # bidirectional (EmbeddingGemma): a causal Gemma 3 is left to transformers, as is attention
@@ -286,7 +297,11 @@ def native_model(path: Path, config: dict[str, Any], kind: Kind) -> bool:
         return False
     embedders, classifiers = family
     architecture = (config.get("architectures") or [None])[0]
-    wanted = classifiers if kind != "embedding" else {*embedders, None}
+    wanted: set[str | None] | frozenset[str] = classifiers
+    if kind == "embedding":
+        wanted = {*embedders, None}
+    elif kind == "sparse":
+        wanted = SPARSE_NATIVE.get(str(config.get("model_type")), frozenset())
     activations = {config.get(key, "gelu") for key in ("hidden_act", "hidden_activation", "classifier_activation")}
     rope = config.get("rope_parameters") or {}  # flat, or one dict per layer type (ModernBERT)
     return (
@@ -323,16 +338,19 @@ def _score_tokens(path: Path, architecture: str) -> tuple[int, int]:
 
 def _modules(
     path: Path, modules: list[dict[str, Any]], hidden: int
-) -> tuple[PoolingMode, bool, tuple[DenseLayer, ...]]:
-    """Sentence-transformers modules decide pooling, Dense layers and normalisation; a plain encoder
-    gets mean pooling, as ST would give it."""
+) -> tuple[PoolingMode, bool, tuple[DenseLayer, ...], Splade | None]:
+    """Sentence-transformers modules decide pooling, Dense layers and normalisation (or SPLADE
+    pooling, for a SparseEncoder); a plain encoder gets mean pooling, as ST would give it."""
     pooling: PoolingMode = "mean"
     normalize = pooled = False
     dense: list[DenseLayer] = []
+    splade = None
     for module in modules:
         kind = str(module.get("type", ""))
         folder = path / module.get("path", "")
-        if kind.endswith("Pooling"):
+        if kind.endswith("SpladePooling"):
+            splade = read_splade(_read_json(folder / "config.json"), folder)
+        elif kind.endswith("Pooling"):
             pooling, pooled = _pooling_mode(_read_json(folder / "config.json")), True
         elif kind.endswith("Dense"):
             if not pooled or normalize:  # on token embeddings, or on normalised vectors: not served
@@ -342,7 +360,9 @@ def _modules(
             normalize = True
         elif kind and not kind.endswith("Transformer"):
             raise ModelError(f"sentence-transformers module {kind} is not supported")
-    return pooling, normalize, tuple(dense)
+    if splade is not None and (pooled or dense or normalize):
+        raise ModelError(f"{path}: SPLADE pooling with Pooling, Dense or Normalize modules is not supported")
+    return pooling, normalize, tuple(dense), splade
 
 
 def _pooling_mode(conf: dict[str, Any]) -> PoolingMode:

@@ -9,7 +9,7 @@ import torch
 
 from common.modelfolder import ModelError, ModelFolder
 from common.wire import Tokens
-from engine import dense, int8, preloaded
+from engine import dense, int8, preloaded, sparse
 from engine.device import Placement
 from engine.packed import Packed
 from engine.pooling import pool, pool_packed
@@ -89,6 +89,8 @@ class PoolingModel:
             inputs["token_type_ids"] = types
         inputs = {name: tensor.to(self.placement.device) for name, tensor in inputs.items()}
         out = self.model(**inputs)
+        if self.info.splade is not None:
+            return sparse.pool_padded(out.logits, inputs["attention_mask"], self.info.splade).float().cpu().numpy()  # type: ignore[no-any-return]
         if self.info.kind != "embedding":
             return out.logits.float().cpu().numpy()  # type: ignore[no-any-return]
         return self._project(pool(out.last_hidden_state, inputs["attention_mask"], self.info.pooling))
@@ -101,9 +103,9 @@ class PoolingModel:
 
 
 def _transformers_model(info: ModelFolder, device: torch.device, dtype: torch.dtype) -> Any:
-    from transformers import AutoModel, AutoModelForSequenceClassification  # only off the native path
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification  # off the native path
 
-    loader = AutoModel if info.kind == "embedding" else AutoModelForSequenceClassification
+    loader = {"embedding": AutoModel, "sparse": AutoModelForMaskedLM}.get(info.kind, AutoModelForSequenceClassification)
     try:
         return loader.from_pretrained(str(info.path), dtype=dtype, weights_only=True).to(device).eval()
     except Exception as exc:  # transformers raises many types for a broken folder

@@ -52,6 +52,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                     "load_s": round(loaded - started, 3),
                     "preloaded": os.getpid() != IMPORTED_BY_PID,
                     "backend": "native" if info.native else "transformers",
+                    **({"head": f"splade ({info.splade.strategy}, {info.splade.activation})"} if info.splade else {}),
                     "heap": heap.detail,
                     **model.weights,
                     **placement.detail,

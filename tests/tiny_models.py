@@ -43,6 +43,28 @@ def build_distilbert(dest: Path, tokenizer_from: Path) -> Path:
     return save_with_tokenizer(DistilBertModel(config), dest, tokenizer_from)
 
 
+def build_splade(dest: Path, tokenizer_from: Path, family: str = "bert", **pooling: str) -> Path:
+    """A SparseEncoder folder: a tiny random masked-LM (BERT, served natively; DistilBERT, through
+    transformers) under SpladePooling(**pooling), with the embedded model's tokenizer."""
+    import torch
+    import transformers
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    torch.manual_seed(11)
+    if family == "bert":
+        config: Any = transformers.BertConfig(**{"vocab_size": 30522, "intermediate_size": 64, **SMALL})
+        model: Any = transformers.BertForMaskedLM(config)
+    else:
+        config = transformers.DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=2, hidden_dim=64)
+        model = transformers.DistilBertForMaskedLM(config)
+    # wider than jitter's: the logits must be positive for some entries and not for most
+    save_with_tokenizer(jitter(model, 11), dest.with_name(f"{dest.name}-hf"), tokenizer_from)
+    mlm = MLMTransformer(str(dest.with_name(f"{dest.name}-hf")), max_seq_length=MAX_TOKENS)
+    SparseEncoder(modules=[mlm, SpladePooling(**pooling)], device="cpu").save(str(dest))
+    return dest
+
+
 def save_with_tokenizer(model: Any, dest: Path, tokenizer_from: Path) -> Path:
     """A model folder as a hub download looks: weights, config and the embedded model's tokenizer."""
     model.eval().save_pretrained(dest)

@@ -1,0 +1,94 @@
+"""SPLADE after the encoder: BERT's masked-LM head over each token, then SPLADE pooling.
+
+A head module like the classifier's, fed the encoder's packed hidden states [T, H]: the head's
+logits [T, V] exist for one group of a batch at a time (384 tokens x 30,522 entries is 47 MB in
+float32), and only the pooled [B, V] weights leave the engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from common.modelfolder import ModelError
+from common.splade import Splade
+from engine.checkpoint import read_checkpoint
+from engine.layers import ACTIVATIONS, legacy_norm_names, no_init
+from engine.packed import Packed
+
+
+class MLMHead(nn.Module):
+    """BERT's `cls.predictions`: dense -> activation -> LayerNorm, then the decoder over the
+    vocabulary (its weight the word embeddings' where the checkpoint ties them)."""
+
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        hidden = c["hidden_size"]
+        self.dense = nn.Linear(hidden, hidden)
+        self.act = ACTIVATIONS[c.get("hidden_act", "gelu")]
+        self.LayerNorm = nn.LayerNorm(hidden, eps=c.get("layer_norm_eps", 1e-12))
+        self.decoder = nn.Linear(hidden, c["vocab_size"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.LayerNorm(self.act(self.dense(x))))  # type: ignore[no-any-return]
+
+
+def activate(logits: torch.Tensor, splade: Splade) -> torch.Tensor:
+    """log(1 + relu(logits)), log1p once more for `log1p_relu`; every weight >= 0."""
+    weights = torch.log1p(torch.relu(logits))
+    return torch.log1p(weights) if splade.activation == "log1p_relu" else weights
+
+
+def pool_packed(weights: torch.Tensor, p: Packed, splade: Splade) -> torch.Tensor:
+    """Each input's max (or sum) over its own tokens of the packed [T, V] weights: [B, V]."""
+    if splade.strategy == "sum":
+        return weights.new_zeros((p.batch, weights.shape[-1])).index_add_(0, p.seq, weights)
+    # one reduction per input: a scatter's [T, V] index, or a padded grid, would outweigh the logits
+    return torch.stack([weights[start : start + n].amax(dim=0) for start, n in p.spans])
+
+
+def pool_padded(logits: torch.Tensor, mask: torch.Tensor, splade: Splade) -> torch.Tensor:
+    """The same over a padded [B, L, V] batch: padding weighs 0, as SpladePooling masks it."""
+    weights = activate(logits * mask.unsqueeze(-1).to(logits.dtype), splade)
+    return weights.sum(dim=1) if splade.strategy == "sum" else weights.max(dim=1).values
+
+
+class SparseModel(nn.Module):
+    """An encoder (packed batch in, hidden states [T, H] out) with the SPLADE head after it: [B, V]."""
+
+    def __init__(self, encoder: nn.Module, head: MLMHead, splade: Splade) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = head
+        self.splade = splade
+
+    def forward(self, p: Packed) -> torch.Tensor:
+        return pool_packed(activate(self.head(self.encoder(p)), self.splade), p, self.splade)
+
+
+def load_head(
+    folder: Path, config: dict[str, Any], encoder: nn.Module, device: torch.device, dtype: torch.dtype
+) -> MLMHead:
+    """BERT's masked-LM head from the checkpoint (`cls.predictions.*`), its tensors taken as they
+    are mapped (engine.layers.load_checkpoint); ModelError if it has none."""
+    weights = read_checkpoint(folder)
+    prefix = "cls.predictions."
+    state = {
+        legacy_norm_names(k.removeprefix(prefix).removeprefix("transform.")): v
+        for k, v in weights.items()
+        if k.startswith(prefix)
+    }
+    if "bias" in state:  # the head's bias, kept beside the decoder in BERT's checkpoints
+        state["decoder.bias"] = state.pop("bias")
+    if "decoder.weight" not in state:  # tied: the word embeddings are the decoder
+        state["decoder.weight"] = encoder.get_parameter("embeddings.word_embeddings.weight")
+    with no_init():
+        head = MLMHead(config)
+    state = {k: v.to(device) for k, v in state.items()}  # no copy on the CPU
+    missing, _ = head.load_state_dict(state, strict=False, assign=True)
+    if missing:
+        raise ModelError(f"cannot load the masked-LM head from {folder}: weights missing for {missing[:5]}")
+    return head.to(dtype).eval()
