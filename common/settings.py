@@ -58,11 +58,17 @@ class Settings(BaseSettings):
         64 * 1024, ge=1024, description="Request line and headers limit, in bytes (414 or 431 past it)."
     )
     max_headers: int = Field(128, ge=8, description="Request headers one request may carry (431 past it).")
+    long_inputs: Literal["refuse", "truncate", "chunk"] = Field(
+        "refuse",
+        description="A text longer than the model takes, unless the request says: refuse (400), truncate, or chunk "
+        "(embedded as overlapping windows, their token-weighted mean).",
+    )
+    max_windows: int = Field(64, ge=1, description="Windows one text may be chunked into (400 past it).")
     max_response_bytes: int = Field(
         128 * 1024 * 1024,
         ge=1024,
-        description="What one answer of per-token output (/embed_all vectors, TEI /tokenize spans) may take, "
-        "in bytes, estimated before the work (400 past it).",
+        description="What one answer of per-token or sparse output (/embed_all vectors, TEI /tokenize spans, "
+        "SPLADE weights) may take, in bytes, estimated before the work (400 past it).",
     )
 
     engines: int | None = Field(

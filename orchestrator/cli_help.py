@@ -18,6 +18,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_header_bytes",
         "max_headers",
         "max_response_bytes",
+        "long_inputs",
+        "max_windows",
         "request_timeout",
         "read_timeout",
     ),

@@ -18,6 +18,7 @@ from server.routes import (
     metrics,
     models,
     score,
+    sparse,
     status_page,
     tei,
     tokenize,
@@ -33,7 +34,7 @@ def create_app(svc: Services) -> FastAPI:
     )
     app.state.services = svc
     errors.install(app)
-    modules = (health, metrics, models, embeddings, classify, score, tokenize, tei, cohere, status_page)
+    modules = (health, metrics, models, embeddings, classify, score, tokenize, tei, sparse, cohere, status_page)
     for module in modules:
         app.include_router(module.router)
     app.state.api_routes = [route for module in modules for route in module.router.routes]

@@ -56,7 +56,20 @@ class InputRequest(Body):
         return check_input_shape(value)
 
 
-class EmbeddingRequest(InputRequest):
+class SparseOptions(Body):
+    """Pruning of a sparse (SPLADE) model's weights: the `top_k` largest, those above `threshold`."""
+
+    top_k: int | None = Field(None, ge=1)
+    threshold: float | None = Field(None, ge=0)
+
+
+class LongInputOptions(Body):
+    """What to do with a text longer than the model takes (default WARMPOOL_LONG_INPUTS)."""
+
+    long_inputs: Literal["refuse", "truncate", "chunk"] | None = None
+
+
+class EmbeddingRequest(InputRequest, SparseOptions, LongInputOptions):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None

@@ -6,7 +6,14 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, StrictInt, StrictStr
 
-from server.protocol import Body, TextOrTokens, TruncationDirection, check_input_shape
+from server.protocol import (
+    Body,
+    LongInputOptions,
+    SparseOptions,
+    TextOrTokens,
+    TruncationDirection,
+    check_input_shape,
+)
 
 # TEI's `inputs`: texts or token ids, with one clear error for a wrong shape
 Inputs = Annotated[TextOrTokens, BeforeValidator(lambda value: check_input_shape(value, "inputs"))]
@@ -20,13 +27,17 @@ class TEIOptions(Body):
     prompt_name: str | None = None
 
 
-class TEIEmbedRequest(TEIOptions):
+class TEIEmbedRequest(TEIOptions, LongInputOptions):
     inputs: Inputs
     normalize: bool = True
     dimensions: int | None = Field(None, ge=1)
 
 
 class TEIEmbedAllRequest(TEIOptions):
+    inputs: Inputs
+
+
+class TEIEmbedSparseRequest(TEIOptions, SparseOptions, LongInputOptions):
     inputs: Inputs
 
 

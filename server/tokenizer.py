@@ -106,6 +106,18 @@ class TokenizerPool:
         bodies = self.encode_batch([template.format(query, doc) for query, doc in pairs], room, direction)
         return [Tokens(self._prefix + body.input_ids + self._suffix) for body in bodies]
 
+    def encode_windows(self, texts: list[str], max_tokens: int, overlap: int) -> list[list[Tokens]]:
+        """Each text as windows of at most `max_tokens` tokens with the special tokens, each
+        repeating the last `overlap` of the one before (the tokenizer's own overflow); a text that
+        fits is one window."""
+        tok = self.get()
+        tok.enable_truncation(max_length=max_tokens, stride=overlap, direction="right")
+        try:
+            encodings = tok.encode_batch_fast(texts, add_special_tokens=True)
+        finally:
+            tok.no_truncation()
+        return [[_tokens(e), *(_tokens(o) for o in e.overflowing)] for e in encodings]
+
     def encode(self, text: str, pair: str | None = None, truncate: int | None = None) -> Tokens:
         return self.encode_batch([text if pair is None else (text, pair)], truncate)[0]
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import inputs, outputs
+from server import chunking, inputs, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
 from server.prompts import prompt_text
 from server.protocol import EmbeddingRequest, PoolingRequest, openapi_body
+from server.routes import sparse
 
 router = APIRouter(tags=["embeddings"])
 
@@ -25,16 +26,29 @@ def check_dimensions(dimensions: int | None, ctx: RequestContext) -> None:
 def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[EmbeddingRequest]:
     body = inputs.parse(EmbeddingRequest, raw)
     ctx.select_model(body.model)
-    ctx.require("/v1/embeddings", "embedding")
+    ctx.require("/v1/embeddings", "embedding", "sparse")
     check_dimensions(body.dimensions, ctx)
+    sparse.check_sparse_options(body, ctx)
+    if ctx.folder.kind == "sparse" and (body.dimensions is not None or body.encoding_format != "float"):
+        raise inputs.bad_request(
+            "a sparse (SPLADE) model answers {indices, values}: 'dimensions' and base64 do not apply", "encoding_format"
+        )
     prompt = prompt_text(ctx.folder, body.prompt_name)
-    tokens = inputs.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens, prompt=prompt)
-    return Prepared(body, tokens)
+    tokens, windows = chunking.tokenize(body.input, ctx, body.truncate_prompt_tokens, body.long_inputs, prompt=prompt)
+    return Prepared(body, tokens, windows)
 
 
 def render_embeddings(prep: Prepared[EmbeddingRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
     body = prep.body
-    vectors = outputs.embeddings(outcome.vectors, body.dimensions, ctx.folder.normalize)
+    pooled = chunking.combine(outcome.vectors, prep.extra, sparse=ctx.folder.kind == "sparse")
+    if ctx.folder.kind == "sparse":
+        rows = sparse.weights(pooled, body, ctx)
+        data = [
+            {"object": "embedding", "index": i, "embedding": {"indices": indices, "values": values}}
+            for i, (indices, values) in enumerate(rows)
+        ]
+        return outputs.to_json({"object": "list", "data": data, "model": ctx.model_name, "usage": prep.usage()})
+    vectors = outputs.embeddings(pooled, body.dimensions, ctx.folder.normalize)
     data = [
         {"object": "embedding", "index": i, "embedding": outputs.encode_vector(v, body.encoding_format)}
         for i, v in enumerate(vectors)

@@ -8,6 +8,7 @@ from importlib import metadata
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from common.modelfolder import ModelFolder
 from server.services import services
 
 router = APIRouter(tags=["models"])
@@ -35,9 +36,19 @@ async def list_models(request: Request) -> JSONResponse:
                 "kind": folder.kind,
                 "max_model_len": folder.max_model_len,
                 "dimensions": folder.dimensions,
+                **_outputs(folder),
             }
         )
     return JSONResponse({"object": "list", "data": cards})
+
+
+def _outputs(folder: ModelFolder) -> dict[str, object]:
+    """What an embedding model answers, and how it pools: a dense vector, or sparse weights."""
+    if folder.kind == "sparse":
+        return {"outputs": ["sparse"], "pooling": "splade"}
+    if folder.kind == "embedding":
+        return {"outputs": ["dense"], "pooling": folder.pooling}
+    return {}
 
 
 @router.get("/version")

@@ -2,7 +2,8 @@
 /rerank asked in TEI's shape (`texts`) is answered in TEI's shape.
 
 Cross-encoders score each (query, document) pair in one forward pass; for embedding models the
-score is the cosine similarity of the two embeddings, as vLLM does for bi-encoders.
+score is the cosine similarity of the two embeddings, as vLLM does for bi-encoders, and for sparse
+(SPLADE) models the dot product of the two weight vectors, as SparseEncoder.similarity is.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from server.protocol import DocumentText, RerankRequest, ScoreRequest, openapi_b
 from server.tokenizer import Direction
 
 router = APIRouter(tags=["scoring"])
-SCORERS = ("cross-encoder", "embedding")
+SCORERS = ("cross-encoder", "embedding", "sparse")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Pairs:
     cross: bool
     left: list[int]
     right: list[int]
+    dot: bool = False  # a bi-encoder scored by the dot product (sparse models), not the cosine
 
 
 def tokenize_pairs(
@@ -76,7 +78,8 @@ def tokenize_pairs(
         unique = list(origin)
         position = {text: i for i, text in enumerate(unique)}
         tokens = ctx.tokenizers.encode_batch([texts[t] for t in unique], limit, direction)
-        pairs = Pairs(len(lefts), False, [position[t] for t in lefts], [position[t] for t in rights])
+        left, right = [position[t] for t in lefts], [position[t] for t in rights]
+        pairs = Pairs(len(lefts), False, left, right, dot=ctx.folder.kind == "sparse")
         where = [origin[text] for text in unique]
     for tok, name in zip(tokens, where, strict=True):
         inputs.check_length(len(tok.input_ids), ctx.folder, name)
@@ -85,10 +88,10 @@ def tokenize_pairs(
 
 def pair_scores(vectors: np.ndarray, pairs: Pairs, raw: bool = False) -> np.ndarray:
     """Cross-encoder scores (logits when `raw`, else sigmoid, as CrossEncoder.predict gives them),
-    or the cosine similarity of each pair's embeddings."""
+    or the cosine similarity (dot product, for sparse models) of each pair's vectors."""
     if pairs.cross:
         return vectors.astype(np.float64)[:, 0] if raw else outputs.activate(vectors)[:, 0]
-    unit = outputs.normalize(vectors).astype(np.float64)
+    unit = (vectors if pairs.dot else outputs.normalize(vectors)).astype(np.float64)
     return (unit[pairs.left] * unit[pairs.right]).sum(axis=1)
 
 

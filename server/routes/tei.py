@@ -1,5 +1,6 @@
 """Text Embeddings Inference's surface: POST / (and SageMaker's /invocations) by model kind,
-GET /info, POST /embed, /embed_all (each token's vector), /embed_sparse, /predict and /similarity. /rerank and /tokenize
+GET /info, POST /embed, /embed_all (each token's vector), /predict and /similarity
+(/embed_sparse: routes/sparse.py). /rerank and /tokenize
 answer in TEI's shape when asked in it (routes/score.py, routes/tokenize.py). Errors leave in
 TEI's shape: {"error": message, "error_type": ...}.
 """
@@ -14,7 +15,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server import inputs, outputs
+from server import chunking, inputs, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, in_shape
@@ -27,7 +28,7 @@ from server.protocol_tei import (
     TEIOptions,
     TEIPredictRequest,
 )
-from server.routes import score
+from server.routes import score, sparse
 from server.routes.classify import CLASSIFIERS, label
 from server.routes.embeddings import check_dimensions
 from server.services import services
@@ -46,20 +47,22 @@ def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedRequest]:
     body = inputs.parse(TEIEmbedRequest, raw)
     ctx.require("/embed", "embedding")
     check_dimensions(body.dimensions, ctx)
-    tokens = inputs.tokenize_inputs(
+    tokens, windows = chunking.tokenize(
         body.inputs,
         ctx,
         truncation(body),
+        body.long_inputs,
         "inputs",
         prompt=prompt_text(ctx.folder, body.prompt_name),
         direction=body.truncation_direction,
     )
-    return Prepared(body, tokens)
+    return Prepared(body, tokens, windows)
 
 
 def render_embed(prep: Prepared[TEIEmbedRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
     """A bare list of vectors; normalized unless asked otherwise, as TEI does for every model."""
-    return outputs.to_json(outputs.embeddings(outcome.vectors, prep.body.dimensions, prep.body.normalize))
+    pooled = chunking.combine(outcome.vectors, prep.extra)
+    return outputs.to_json(outputs.embeddings(pooled, prep.body.dimensions, prep.body.normalize))
 
 
 def prepare_embed_all(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedAllRequest]:
@@ -175,7 +178,9 @@ def prepare_root(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
     body = inputs.parse_object(raw)
     prepare: Callable[[bytes, RequestContext], Prepared[Any]]
     render: Callable[[Prepared[Any], Outcome, RequestContext], bytes]
-    if kind == "embedding":
+    if kind == "sparse":
+        prepare, render = sparse.prepare_embed_sparse, sparse.render_embed_sparse
+    elif kind == "embedding":
         similarity = isinstance(body.get("inputs"), dict)
         prepare, render = (prepare_similarity, render_similarity) if similarity else (prepare_embed, render_embed)
     elif kind == "cross-encoder" and "query" in body:
@@ -198,8 +203,9 @@ def info(request: Request) -> dict[str, Any]:
     svc = services(request)
     model = svc.default_model()
     folder, settings = model.folder, svc.settings
-    if folder.kind == "embedding":
-        model_type: dict[str, Any] = {"embedding": {"pooling": _TEI_POOLING.get(folder.pooling, folder.pooling)}}
+    if folder.kind in ("embedding", "sparse"):
+        pooling = "splade" if folder.kind == "sparse" else _TEI_POOLING.get(folder.pooling, folder.pooling)
+        model_type: dict[str, Any] = {"embedding": {"pooling": pooling}}
     else:
         labels = {str(i): label_ for i, label_ in sorted(folder.id2label.items())} or {"0": "LABEL_0"}
         classes = {"id2label": labels, "label2id": {name: int(i) for i, name in labels.items()}}
@@ -253,14 +259,3 @@ async def predict(request: Request) -> Response:
 @router.post("/similarity", openapi_extra=openapi_body(SimilarityRequest))
 async def similarity(request: Request) -> Response:
     return await answer(request, prepare_similarity, render_similarity, shape="tei")
-
-
-@router.post("/embed_sparse", openapi_extra=openapi_body(TEIEmbedAllRequest))
-async def embed_sparse(request: Request) -> Response:
-    """Sparse (SPLADE) vectors need a masked-LM head and SPLADE pooling, which no model served here has."""
-    error = inputs.bad_request(
-        "/embed_sparse needs a SPLADE model (a masked-LM head with SPLADE pooling); this model "
-        "has none: use /embed for dense vectors"
-    )
-    error.shape = "tei"
-    raise error

@@ -1,0 +1,75 @@
+"""Sparse (SPLADE) vectors: TEI's POST /embed_sparse, one weight per vocabulary entry that has one.
+
+The engine returns each input's full [vocabulary] row of SPLADE weights; only the non-zero ones
+are answered, in index order: TEI's `[[{"index": i, "value": w}, ...], ...]` here, and
+`{"indices": [...], "values": [...]}` (what Qdrant and Milvus store) on /v1/embeddings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from server import chunking, inputs, outputs
+from server.engine_client import Outcome
+from server.inputs import RequestContext
+from server.pipeline import Prepared, answer
+from server.prompts import prompt_text
+from server.protocol import SparseOptions, openapi_body
+from server.protocol_tei import TEIEmbedSparseRequest
+
+router = APIRouter(tags=["tei"])
+
+ENTRY_BYTES = 36  # the most one weight takes: {"index":30521,"value":1.2345678e-05},
+
+
+def prepare_embed_sparse(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedSparseRequest]:
+    body = inputs.parse(TEIEmbedSparseRequest, raw)
+    ctx.require("/embed_sparse", "sparse")
+    tokens, windows = chunking.tokenize(
+        body.inputs,
+        ctx,
+        -1 if body.truncate else None,
+        body.long_inputs,
+        "inputs",
+        prompt=prompt_text(ctx.folder, body.prompt_name),
+        direction=body.truncation_direction,
+    )
+    return Prepared(body, tokens, windows)
+
+
+def weights(rows: np.ndarray, options: SparseOptions, ctx: RequestContext) -> list[tuple[list[int], list[float]]]:
+    """Each row's non-zero weights as (indices ascending, values): those above `threshold`, the
+    `top_k` largest of them; sized (ENTRY_BYTES a weight) against the response budget first."""
+    kept = rows > (options.threshold or 0.0)
+    if options.top_k is not None:
+        beyond = np.argsort(-rows, axis=1, kind="stable")[:, options.top_k :]
+        np.put_along_axis(kept, beyond, False, axis=1)
+    ctx.budget_response(int(kept.sum()) * ENTRY_BYTES, "inputs")
+    found = []
+    for row, keep in zip(rows, kept, strict=True):
+        indices = np.flatnonzero(keep)
+        found.append((indices.tolist(), row[indices].astype(np.float32).tolist()))
+    return found
+
+
+def check_sparse_options(options: SparseOptions, ctx: RequestContext) -> None:
+    """top_k and threshold prune a sparse model's weights: on any other model they are a 400."""
+    if ctx.folder.kind != "sparse":
+        for name in ("top_k", "threshold"):
+            if getattr(options, name) is not None:
+                raise inputs.bad_request(f"'{name}' applies to sparse (SPLADE) models only", name)
+
+
+def render_embed_sparse(prep: Prepared[TEIEmbedSparseRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+    """TEI's shape."""
+    rows = weights(chunking.combine(outcome.vectors, prep.extra, sparse=True), prep.body, ctx)
+    return outputs.to_json(
+        [[{"index": i, "value": v} for i, v in zip(indices, values, strict=True)] for indices, values in rows]
+    )
+
+
+@router.post("/embed_sparse", openapi_extra=openapi_body(TEIEmbedSparseRequest))
+async def embed_sparse(request: Request) -> Response:
+    return await answer(request, prepare_embed_sparse, render_embed_sparse, shape="tei")

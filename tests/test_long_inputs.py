@@ -1,0 +1,66 @@
+"""Long inputs on a real server: refused by default, truncated as sentence-transformers truncates,
+or chunked into overlapping windows whose token-weighted mean is the vector (checked against the
+windows computed here with the tokenizer's own overflow and embedded one by one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from tests.server_process import ServerProcess
+
+LONG = " ".join(f"sentence {i} about warm pools and the engines that serve them." for i in range(60))
+
+
+def windows(model_dir: Path, text: str, max_tokens: int = 256, overlap: int = 32) -> list[list[int]]:
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.no_padding()  # as the server's: a tokenizer.json may pad
+    tokenizer.enable_truncation(max_length=max_tokens, stride=overlap)
+    encoding = tokenizer.encode(text)
+    return [encoding.ids, *(o.ids for o in encoding.overflowing)]
+
+
+def test_a_long_text_is_refused_by_default_and_truncated_when_asked(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
+    """Without an option a text past the model's 256 tokens is a 400; `long_inputs: truncate` gives
+    sentence-transformers' vector of it (which cuts at max_seq_length)."""
+    refused = server.post("/v1/embeddings", json={"input": LONG})
+    assert refused.status_code == 400 and "256" in refused.json()["error"]["message"]
+    cut = server.post("/v1/embeddings", json={"input": LONG, "long_inputs": "truncate"})
+    np.testing.assert_allclose(cut.json()["data"][0]["embedding"], st_model.encode(LONG), atol=1e-5, rtol=0)
+
+
+def test_a_chunked_text_is_the_token_weighted_mean_of_its_windows(server: ServerProcess, model_dir: Path) -> None:
+    """`long_inputs: chunk`: the vector is the normalised token-weighted mean of its overlapping
+    windows' pooled vectors, each window embedded alone (/pooling on its token ids); usage counts
+    every window's tokens; a short text beside it is embedded as it always is."""
+    ids = windows(model_dir, LONG)
+    assert len(ids) >= 3 and all(len(w) <= 256 for w in ids)
+    pooled = np.asarray([server.post("/pooling", json={"input": w}).json()["data"][0]["data"] for w in ids])
+    lengths = np.asarray([len(w) for w in ids], dtype=np.float64)[:, None]
+    mean = (pooled * lengths).sum(axis=0) / lengths.sum()
+    expected = mean / np.linalg.norm(mean)
+    r = server.post("/v1/embeddings", json={"input": [LONG, "short"], "long_inputs": "chunk"})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    np.testing.assert_allclose(got["data"][0]["embedding"], expected, atol=1e-5, rtol=0)
+    short = server.post("/v1/embeddings", json={"input": "short"}).json()["data"][0]["embedding"]
+    np.testing.assert_allclose(got["data"][1]["embedding"], short, atol=1e-6, rtol=0)
+    assert got["usage"]["prompt_tokens"] == sum(len(w) for w in ids) + 3
+    tei = server.post("/embed", json={"inputs": LONG, "long_inputs": "chunk"}).json()
+    np.testing.assert_allclose(tei[0], expected, atol=1e-5, rtol=0)
+
+
+def test_tokenize_counts_a_text_far_longer_than_the_model_takes(server: ServerProcess, model_dir: Path) -> None:
+    """vLLM's /tokenize counts a text of any length the body limit admits (1 MiB here, ~260,000
+    tokens), as clients do to size their chunks; the count is the tokenizer's."""
+    text = LONG * 300
+    assert len(text) > 1_000_000
+    r = server.post("/tokenize", json={"prompt": text})
+    assert r.status_code == 200, r.text
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    expected = tokenizer.encode(text).ids
+    assert r.json()["count"] == len(expected) and r.json()["tokens"] == expected
