@@ -168,6 +168,11 @@ class StartupState:
         with self._lock:
             return self._phases[name].state
 
+    def duration(self, name: str) -> float | None:
+        """Seconds a finished phase took (None while it runs or before)."""
+        with self._lock:
+            return self._phases[name].duration_s
+
     @property
     def failed(self) -> bool:
         """The appliance failed: a shared phase did, or (unless model failures are tolerated) any
@@ -267,6 +272,9 @@ class ModelPhases:
 
     def state(self, name: str) -> State:
         return self.state_table.state(self.key(name))
+
+    def duration(self, name: str) -> float | None:
+        return self.state_table.duration(self.key(name))
 
     @property
     def engine_up(self) -> bool:

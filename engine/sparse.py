@@ -44,8 +44,9 @@ def activate(logits: torch.Tensor, splade: Splade) -> torch.Tensor:
 
 def pool_packed(weights: torch.Tensor, p: Packed, splade: Splade) -> torch.Tensor:
     """Each input's max (or sum) over its own tokens of the packed [T, V] weights: [B, V]."""
-    if splade.strategy == "sum":
-        return weights.new_zeros((p.batch, weights.shape[-1])).index_add_(0, p.seq, weights)
+    if splade.strategy == "sum":  # summed in float32 whatever the model's dtype, as the reference sums
+        sums = weights.new_zeros((p.batch, weights.shape[-1]), dtype=torch.float32)
+        return sums.index_add_(0, p.seq, weights.float()).to(weights.dtype)
     # one reduction per input: a scatter's [T, V] index, or a padded grid, would outweigh the logits
     return torch.stack([weights[start : start + n].amax(dim=0) for start, n in p.spans])
 

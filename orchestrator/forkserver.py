@@ -154,15 +154,14 @@ def pid(method: StartMethod) -> int | None:
     return forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined,no-any-return]
 
 
-def replace(method: StartMethod, reason: str) -> None:
+def replace(method: StartMethod, reason: str) -> bool:
     """Kill a forkserver that stopped forking (SIGKILL, then its exit awaited without reaping it):
     the next fork finds it dead and the stdlib starts a new one, preload included. A fork blocked
-    on it reads EOF and fails. Engines it forked keep running (the supervisor watches them by pidfd)."""
-    if method.fallback_reason is not None:
-        return
+    on it reads EOF and fails. Engines it forked keep running (the supervisor watches them by pidfd).
+    False when there was none to kill (spawn, or not started)."""
     hung = pid(method)
     if hung is None:
-        return
+        return False
     log.error("forkserver_replaced", pid=hung, reason=reason)
     ref = ProcessRef(hung)
     try:
@@ -172,3 +171,4 @@ def replace(method: StartMethod, reason: str) -> None:
         ref.exited(STOP_TIMEOUT_S)
     finally:
         ref.close()
+    return True

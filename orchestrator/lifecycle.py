@@ -68,6 +68,7 @@ class EngineWiring:
             timeout = self.services.settings.stall_timeout(
                 float(warmup.get("ms_per_token", 0.0)), warmup.get("group_tokens")
             )
+            self.client.group_s = float(warmup.get("ms_per_token", 0.0)) * int(warmup.get("group_tokens") or 0) / 1000
             self.client.stall_timeout_s = timeout
             self.phases.update("engine", stall_timeout_s=round(timeout, 1), stalled=[])
         self.client.attach(slot, conn)

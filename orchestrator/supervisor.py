@@ -37,8 +37,9 @@ SHUTDOWN_GRACE_S = 1.0
 # up: the first requests after ready get the cores, a steady load delays the second engine this much.
 FOLLOWER_QUIET_S = 2.0
 # A fork from a running forkserver takes milliseconds; one after a replacement waits for the new
-# forkserver's preload, as the first fork did. Past this many times the first fork (at least
-# FORK_FLOOR_S) the forkserver is taken to be hung, and is killed and replaced.
+# forkserver's whole preload, which the first fork only waited for the end of (it began at t≈0).
+# Past this many times that preload (at least FORK_FLOOR_S) the forkserver is taken to be hung,
+# and is killed and replaced.
 FORK_LIMIT_FACTOR = 5
 FORK_FLOOR_S = 10.0
 
@@ -142,8 +143,10 @@ class EngineSupervisor:
         """
         forking = time.monotonic()
         _, conn = self._fork(0)
-        self._fork_limit_s = max(FORK_FLOOR_S, FORK_LIMIT_FACTOR * (time.monotonic() - forking))
+        first_fork_s = time.monotonic() - forking
         self.startup.done("forkserver", preload=self.method.preload)
+        preload_s = max(first_fork_s, self.startup.duration("forkserver") or 0.0)  # from its start at t≈0
+        self._fork_limit_s = max(FORK_FLOOR_S, FORK_LIMIT_FACTOR * preload_s)
         self.startup.start("engine", engines=self.count, **self._detail())
         loaded = self._expect(conn, 0, Msg.LOADED)
         self.startup.done("engine", **{k: v for k, v in loaded.items() if k != "pid"})
@@ -215,8 +218,8 @@ class EngineSupervisor:
             name=f"warmpool-engine-{slot}",
             daemon=True,
         )
-        limit = self._fork_limit_s
-        overrun = threading.Timer(limit or 0, self._fork_overran, (slot, limit))
+        limit, forked = self._fork_limit_s, threading.Event()
+        overrun = threading.Timer(limit or 0, self._fork_overran, (slot, limit, forked))
         if limit is not None:
             overrun.start()
         try:
@@ -225,6 +228,7 @@ class EngineSupervisor:
             parent.close()
             raise EngineStartError(f"the forkserver did not fork engine {slot}: {exc or type(exc).__name__}") from None
         finally:
+            forked.set()
             overrun.cancel()
             child.close()
         if (old := self.refs[slot]) is not None:
@@ -233,11 +237,14 @@ class EngineSupervisor:
         self._forked_at[slot] = time.monotonic()
         return process, parent
 
-    def _fork_overran(self, slot: int, limit: float) -> None:
-        """On a timer: a fork past its limit is blocked on a hung forkserver; killing it ends the fork."""
-        self.forkserver_replacements += 1
-        forkserver.replace(self.method, f"engine {slot} was not forked within {limit:.0f} s")
-        self.startup.update("engine", **self._detail())
+    def _fork_overran(self, slot: int, limit: float, forked: threading.Event) -> None:
+        """On a timer: a fork past its limit is blocked on a hung forkserver; killing it ends the fork.
+        (A fork that returned as the timer fired has set `forked`: Timer.cancel comes too late then.)"""
+        if forked.is_set():
+            return
+        if forkserver.replace(self.method, f"engine {slot} was not forked within {limit:.0f} s"):
+            self.forkserver_replacements += 1
+            self.startup.update("engine", **self._detail())
 
     def _ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:
         with self._up_lock:  # an engine_lost for this pipe, however early, lands after this

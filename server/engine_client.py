@@ -126,6 +126,7 @@ class EngineClient:
         self._reported: set[EnginePipe] = set()  # stalls already reported, once per pipe
         self._stalled: set[int] = set()  # slots routed around: no answer for STALLED_SHARE of the timeout
         self.stall_timeout_s = stall_timeout_s  # None until known: no watchdog before then
+        self.group_s = 0.0  # one group's forward as warm-up measured: none is taken for stalled sooner than two
         self._watchdog = threading.Event()
         threading.Thread(target=self._watch, name="engine-watchdog", daemon=True).start()
 
@@ -217,9 +218,11 @@ class EngineClient:
             pipe.progressed()
         try:
             if kind == Msg.RESULT:
-                self._on_result(*body)
+                keys, vectors, stats = body
+                self._on_result(keys, vectors, stats, pipe.slot)
             elif kind == Msg.ERROR:
-                self._on_error(*body)
+                keys, message = body
+                self._on_error(keys, message, pipe.slot)
         except Exception:  # a bug here must not silently stop this engine's results
             log.exception("engine_message_failed", slot=pipe.slot, kind=kind)
 
@@ -234,7 +237,8 @@ class EngineClient:
             with self._lock:
                 waited = {p: p.stalled_for(now) for p in self._slots.values()}
                 was = self._stalled
-                self._stalled = {p.slot for p, s in waited.items() if s > STALLED_SHARE * timeout}
+                after = min(max(STALLED_SHARE * timeout, 2 * self.group_s), timeout)
+                self._stalled = {p.slot for p, s in waited.items() if s > after}
                 changed = was != self._stalled
                 self._move_off()
                 stalled = [(p, s) for p, s in waited.items() if s > timeout and p not in self._reported]
@@ -249,7 +253,8 @@ class EngineClient:
 
     def _move_off(self) -> None:
         """What stalled engines hold goes to the engines still answering, if there are any; the
-        stalled ones are told to drop it (should they wake, their answers find nothing to fill)."""
+        stalled ones are told to drop it; what one still answers (it was running it) the engine it moved
+        to is told to drop in turn (`_answered`)."""
         if not self._stalled or not set(self._slots) - self._stalled:
             return
         moved = [e for e in self._entries.values() if e.slot in self._stalled]
@@ -264,16 +269,17 @@ class EngineClient:
         log.warning("inputs_moved_off_stalled", slots=sorted(self._stalled), inputs=len(moved))
         self._dispatch(moved)
 
-    def _on_result(self, keys: list[int], vectors: np.ndarray, stats: dict[str, Any]) -> None:
+    def _on_result(self, keys: list[int], vectors: np.ndarray, stats: dict[str, Any], slot: int) -> None:
+        """Engine `slot`'s rows. An input moved off it while it stalled may come back from it still
+        (it was running them): the engine it moved to is then told to drop it."""
         done: list[_Request] = []
         share = stats["inference_ms"] / max(len(keys), 1)
         with self._lock:
+            self._answered(keys, slot)
             for row, key in enumerate(keys):
                 entry = self._entries.pop(key, None)
                 if entry is None:
                     continue
-                if entry.slot in self._slots:
-                    self._slots[entry.slot].answered(entry.tokens)
                 req = entry.request
                 req.rows[entry.index] = vectors[row]
                 req.inference_ms += share
@@ -304,30 +310,46 @@ class EngineClient:
             return
         self._settle(req, outcome)
 
-    def _on_error(self, keys: list[int], message: str) -> None:
+    def _on_error(self, keys: list[int], message: str, slot: int) -> None:
         with self._lock:
             failed = self._requests_of(e for k in keys if (e := self._entries.get(k)))
-            self._drop(keys, cancel=False)  # the engine has run these already
+            self._answered(keys, slot)
+            for key in keys:
+                self._entries.pop(key, None)
             self._forget(failed)
         for req in failed:
             self._settle(req, EngineFailed(message))
+
+    def _answered(self, keys: list[int], slot: int) -> None:
+        """Engine `slot` has run these (caller holds the lock): their tokens leave its load. An input
+        moved off it while it stalled may be among them (it was running it): the engine it moved
+        to is told to drop it, and counts it until it next answers, as for any cancel."""
+        by_slot: dict[int, list[int]] = {}
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is None or entry.slot not in self._slots:
+                continue
+            if entry.slot == slot:
+                self._slots[slot].answered(entry.tokens)
+            else:
+                self._slots[entry.slot].cancel(entry.tokens)
+                by_slot.setdefault(entry.slot, []).append(key)
+        for other, dropped in by_slot.items():
+            self._slots[other].send((Msg.CANCEL, dropped))
 
     def _forget(self, requests: list[_Request]) -> None:
         """Drop every input of these requests (caller holds the lock)."""
         self._drop([key for req in requests for key, _ in req.items])
 
-    def _drop(self, keys: list[int], cancel: bool = True) -> None:
+    def _drop(self, keys: list[int]) -> None:
         """Forget these inputs and tell the engines holding them to skip them (caller holds the lock):
         an engine must not spend time on inputs nobody waits for, nor count as idle while it does."""
         by_slot: dict[int, list[int]] = {}
         for key in keys:
             entry = self._entries.pop(key, None)
             if entry is not None and entry.slot in self._slots:
-                if cancel:
-                    self._slots[entry.slot].cancel(entry.tokens)
-                    by_slot.setdefault(entry.slot, []).append(key)
-                else:
-                    self._slots[entry.slot].answered(entry.tokens)
+                self._slots[entry.slot].cancel(entry.tokens)
+                by_slot.setdefault(entry.slot, []).append(key)
         for slot, dropped in by_slot.items():
             self._slots[slot].send((Msg.CANCEL, dropped))
 

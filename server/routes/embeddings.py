@@ -35,6 +35,7 @@ def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[EmbeddingReq
         )
     prompt = prompt_text(ctx.folder, body.prompt_name)
     tokens, windows = chunking.tokenize(body.input, ctx, body.truncate_prompt_tokens, body.long_inputs, prompt=prompt)
+    sparse.budget_rows(ctx, len(tokens), "input")
     return Prepared(body, tokens, windows)
 
 
@@ -42,7 +43,7 @@ def render_embeddings(prep: Prepared[EmbeddingRequest], outcome: Outcome, ctx: R
     body = prep.body
     pooled = chunking.combine(outcome.vectors, prep.extra, sparse=ctx.folder.kind == "sparse")
     if ctx.folder.kind == "sparse":
-        rows = sparse.weights(pooled, body, ctx)
+        rows = sparse.weights(pooled, body, ctx, "input")
         data = [
             {"object": "embedding", "index": i, "embedding": {"indices": indices, "values": values}}
             for i, (indices, values) in enumerate(rows)

@@ -22,6 +22,7 @@ from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
 from server.protocol import DocumentText, RerankRequest, ScoreRequest, openapi_body
+from server.routes import sparse
 from server.tokenizer import Direction
 
 router = APIRouter(tags=["scoring"])
@@ -80,6 +81,7 @@ def tokenize_pairs(
         tokens = ctx.tokenizers.encode_batch([texts[t] for t in unique], limit, direction)
         left, right = [position[t] for t in lefts], [position[t] for t in rights]
         pairs = Pairs(len(lefts), False, left, right, dot=ctx.folder.kind == "sparse")
+        sparse.budget_rows(ctx, len(tokens), right_field)
         where = [origin[text] for text in unique]
     for tok, name in zip(tokens, where, strict=True):
         inputs.check_length(len(tok.input_ids), ctx.folder, name)

@@ -22,6 +22,14 @@ from server.protocol_tei import TEIEmbedSparseRequest
 router = APIRouter(tags=["tei"])
 
 ENTRY_BYTES = 36  # the most one weight takes: {"index":30521,"value":1.2345678e-05},
+ROW_BYTES_PER_ENTRY = 4  # the engine sends each input's whole [vocabulary] float32 row
+
+
+def budget_rows(ctx: RequestContext, inputs_: int, field: str) -> None:
+    """Before any work: the engine's rows for a sparse model are vocabulary-wide, whatever the answer
+    keeps of them (30,522 x 4 bytes an input: 128 MiB is ~1,100 inputs)."""
+    if ctx.folder.kind == "sparse":
+        ctx.budget_response(inputs_ * ctx.folder.vocab_size * ROW_BYTES_PER_ENTRY, field)
 
 
 def prepare_embed_sparse(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedSparseRequest]:
@@ -36,17 +44,20 @@ def prepare_embed_sparse(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedSp
         prompt=prompt_text(ctx.folder, body.prompt_name),
         direction=body.truncation_direction,
     )
+    budget_rows(ctx, len(tokens), "inputs")
     return Prepared(body, tokens, windows)
 
 
-def weights(rows: np.ndarray, options: SparseOptions, ctx: RequestContext) -> list[tuple[list[int], list[float]]]:
+def weights(
+    rows: np.ndarray, options: SparseOptions, ctx: RequestContext, field: str = "inputs"
+) -> list[tuple[list[int], list[float]]]:
     """Each row's non-zero weights as (indices ascending, values): those above `threshold`, the
     `top_k` largest of them; sized (ENTRY_BYTES a weight) against the response budget first."""
     kept = rows > (options.threshold or 0.0)
     if options.top_k is not None:
         beyond = np.argsort(-rows, axis=1, kind="stable")[:, options.top_k :]
         np.put_along_axis(kept, beyond, False, axis=1)
-    ctx.budget_response(int(kept.sum()) * ENTRY_BYTES, "inputs")
+    ctx.budget_response(int(kept.sum()) * ENTRY_BYTES, field)
     found = []
     for row, keep in zip(rows, kept, strict=True):
         indices = np.flatnonzero(keep)

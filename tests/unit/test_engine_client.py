@@ -594,3 +594,22 @@ def test_a_stalled_engine_gets_no_new_work_and_its_inputs_move_to_one_that_answe
         answerer.cancel()
 
     run(scenario)
+
+
+def test_an_input_a_stalled_engine_answers_after_it_moved_is_dropped_where_it_moved() -> None:
+    """A stalled engine that wakes and answers an input moved off it fills the request; the engine
+    it moved to is told to drop it, and counts it as load until that engine next answers."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.client.stall_timeout_s = 0.4  # taken for stalled after 0.1 s
+        a, b = rig.attach(0), rig.attach(1)
+        future, (key,) = rig.client.submit([tok(5, 3)])  # both idle: the first wins the tie
+        await until(lambda: key in b.keys, "the input moved off the silent engine")
+        a.answer([key])
+        assert (await result(future)).vectors.tolist() == [[5, 3, 0]]
+        await until(lambda: [key] in b.cancels, "the engine it moved to told to drop it")
+        assert rig.client._slots[1].load == 3
+        b.ack_cancel()
+        await until(lambda: rig.client._slots[1].load == 0, "its load freed once it answers")
+
+    run(scenario)
