@@ -1,10 +1,10 @@
 """A long soak under mixed traffic: memory growth, latency drift and errors by class. Prints, never asserts.
 
 Clients post embeddings of mixed lengths; some requests are oversize (a 400), some malformed
-(400), some clients walk away mid-request. Every minute the resident memory (RSS) of every server
-process is sampled; latencies are grouped into windows. At the end: RSS growth per hour for each
-process (a line fitted over the samples after the first window), p50/p99 per window, and
-responses by class.
+(400), some clients walk away mid-request. Every minute the resident memory (RSS, and RssAnon: without
+the file-mapped weights' pages) of every server process is sampled; latencies are grouped
+into windows. At the end: RSS and RssAnon growth per hour for each process (a line fitted over the
+samples after the first window), p50/p99 per window, and responses by class.
 Usage: .venv/bin/python -m bench.soak [--minutes 30] [--window 5] [--clients 16]
 """
 
@@ -22,10 +22,12 @@ from bench.common import MODEL, Connection, pct, run, sentences
 from tests.server_process import ServerProcess
 
 
-def rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """VmRSS, or RssAnon: anonymous memory (the heap, and the weights the forkserver built, shared
+    copy-on-write), without the file-mapped weights' pages, which VmRSS also counts as they are touched."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -101,6 +103,7 @@ def main() -> None:
         server = ServerProcess(MODEL, Path(tmp) / "soak.log", log_level="warning").wait_ready()
         server.wait_engines()
         samples: dict[int, list[tuple[float, float]]] = {}
+        anon: dict[int, list[tuple[float, float]]] = {}
         started = time.monotonic()
         logs: list[tuple[float, float, str]] = []
         try:
@@ -108,18 +111,20 @@ def main() -> None:
             while (elapsed := time.monotonic() - started) < total:
                 for pid in [server.proc.pid, *server.children()]:
                     samples.setdefault(pid, []).append((elapsed, rss_bytes(pid)))
+                    anon.setdefault(pid, []).append((elapsed, rss_bytes(pid, "RssAnon")))
                 logs += run(drive(server.port, args.clients, min(60.0, total - elapsed), texts))
             names = {pid: name_of(pid) for pid in samples}
         finally:
             server.stop()
     print(f"soak: {args.minutes:g} min, {args.clients} clients, {len(logs)} requests")
-    print("RSS per process (MB at start -> end; growth per hour fitted after the first window):")
-    for pid, points in samples.items():
-        steady = [(t, v) for t, v in points if t >= args.window * 60] or points
-        print(
-            f"  {pid:>7} {names[pid][:44]:44} {points[0][1] / 1e6:7.1f} -> {points[-1][1] / 1e6:7.1f}"
-            f"  {slope_per_hour(steady) / 1e6:+7.1f} MB/h"
-        )
+    for label, table in (("RSS", samples), ("RssAnon (no file pages)", anon)):
+        print(f"{label} per process (MB at start -> end; growth per hour fitted after the first window):")
+        for pid, points in table.items():
+            steady = [(t, v) for t, v in points if t >= args.window * 60] or points
+            print(
+                f"  {pid:>7} {names[pid][:44]:44} {points[0][1] / 1e6:7.1f} -> {points[-1][1] / 1e6:7.1f}"
+                f"  {slope_per_hour(steady) / 1e6:+7.1f} MB/h"
+            )
     print("latency of answered requests per window (ms):")
     width = args.window * 60
     for w in range(int((args.minutes * 60 + width - 1) // width)):
