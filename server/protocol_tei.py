@@ -70,3 +70,8 @@ class TEITokenizeRequest(Body):
 class DecodeRequest(Body):
     ids: list[StrictInt] | list[list[StrictInt]]
     skip_special_tokens: bool = True
+
+
+def truncation(options: TEIOptions | TEIPredictRequest) -> int | None:
+    """TEI's `truncate: true` cuts at the model's maximum; off (the default), too long is a 400."""
+    return -1 if options.truncate else None

@@ -17,7 +17,7 @@ from server.inputs import RequestContext
 from server.pipeline import Prepared, answer
 from server.prompts import prompt_text
 from server.protocol import SparseOptions, openapi_body
-from server.protocol_tei import TEIEmbedSparseRequest
+from server.protocol_tei import TEIEmbedSparseRequest, truncation
 
 router = APIRouter(tags=["tei"])
 
@@ -38,7 +38,7 @@ def prepare_embed_sparse(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedSp
     tokens, windows = chunking.tokenize(
         body.inputs,
         ctx,
-        -1 if body.truncate else None,
+        truncation(body),
         body.long_inputs,
         "inputs",
         prompt=prompt_text(ctx.folder, body.prompt_name),

@@ -27,6 +27,7 @@ from server.protocol_tei import (
     TEIEmbedRequest,
     TEIOptions,
     TEIPredictRequest,
+    truncation,
 )
 from server.routes import score, sparse
 from server.routes.classify import CLASSIFIERS, label
@@ -36,11 +37,6 @@ from server.tokenizer import TextOrPair
 
 router = APIRouter(tags=["tei"])
 _TEI_POOLING = {"lasttoken": "last_token"}  # TEI's names where they differ from ours
-
-
-def truncation(options: TEIOptions | TEIPredictRequest) -> int | None:
-    """TEI's `truncate: true` cuts at the model's maximum; off (the default), too long is a 400."""
-    return -1 if options.truncate else None
 
 
 def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedRequest]:
