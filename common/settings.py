@@ -130,6 +130,22 @@ class Settings(BaseSettings):
         "default from warm-up: 8 x the time of the largest forward answered in one go, at least 10 s, "
         "at most half the request timeout.",
     )
+    compile: Literal["auto", "off", "required"] = Field(
+        "auto",
+        description="Compiled engines (native families on the CPU): auto: serve at once, eager, and switch "
+        "to the compiled forward when it is built (from the cache: before the first request); "
+        "required: not ready until compiled; off: eager only.",
+    )
+    compile_cache: Path = Field(
+        default_factory=lambda: (
+            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "warmpool" / "compile"
+        ),
+        description="Folder of compiled artifacts, one per model files, precision, torch version and CPU "
+        "instruction set; a volume here keeps them across restarts. Default: ~/.cache/warmpool/compile.",
+    )
+    compile_timeout: float = Field(
+        900.0, gt=0, description="Seconds a compile may take; past it the compile is killed and the engine stays eager."
+    )
     read_timeout: float = Field(
         30.0, gt=0, description="Seconds a client may take to send a request's headers, and again its body."
     )

@@ -11,9 +11,10 @@ from typing import Any, Literal
 
 import structlog
 
-PHASES = ("bind", "prefetch", "forkserver", "engine", "warmup", "ready")
+PHASES = ("bind", "prefetch", "forkserver", "engine", "warmup", "compile", "ready")
 SHARED_PHASES = ("bind", "forkserver")  # one for the appliance; with several models, the rest are per model
-MODEL_PHASES = ("prefetch", "engine", "warmup", "ready")
+# compile runs on past ready unless WARMPOOL_COMPILE=required (engine/compiler.py)
+MODEL_PHASES = ("prefetch", "engine", "warmup", "compile", "ready")
 State = Literal["pending", "running", "done", "skipped", "failed"]
 
 log = structlog.get_logger("warmpool.phases")

@@ -6,7 +6,8 @@ Messages are `(kind, body)` tuples pickled with plain pickle:
   `("one-line reason", traceback or None)`; then, per group of inputs run, RESULT
   `([key, ...], float32 array [n, dims], batch stats dict)` (for `per_token` inputs, a list of
   float32 arrays [tokens, hidden], one per key) or ERROR `([key, ...], "reason")`, and
-  CANCELLED `None` once it has dropped the inputs of a CANCEL.
+  CANCELLED `None` once it has dropped the inputs of a CANCEL; COMPILE `{detail}` whenever its
+  compiled forward's state changes (engine/compiler.py), while starting or serving.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Msg:
     RESULT = "result"
     ERROR = "error"
     CANCELLED = "cancelled"
+    COMPILE = "compile"
 
 
 class Tokens(NamedTuple):
@@ -61,6 +63,9 @@ class EngineSpec:
     dtype: str = "auto"
     allow_bin_weights: bool = False  # unpickle pytorch_model.bin (weights_only) where there is no safetensors
     quiet_wait_s: float = 0.0  # before warming up, wait up to this long for the other engines to be idle
+    compile: str = "off"  # auto, off or required (common.settings.Settings.compile)
+    compile_cache: Path | None = None
+    compile_timeout_s: float = 900.0
 
 
 def send(conn: Connection, message: tuple[str, Any]) -> None:

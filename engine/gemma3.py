@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from common.modelfolder import ModelError
-from engine.layers import ACTIVATIONS, Rotary, attend, band_mask, load_checkpoint, rotary_base, rotate
+from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate
 from engine.packed import Packed
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -95,7 +95,7 @@ class Attention(nn.Module):
         self.scale = float(setting(c, "query_pre_attn_scalar")) ** -0.5
 
     def forward(
-        self, x: torch.Tensor, p: Packed, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+        self, x: torch.Tensor, p: Packed, rotary: tuple[torch.Tensor, torch.Tensor], reach: int | None
     ) -> torch.Tensor:
         tokens = x.shape[0]
         q = rotate(self.q_norm(self.q_proj(x).view(tokens, self.heads, -1)), *rotary)
@@ -106,7 +106,7 @@ class Attention(nn.Module):
         if self.kv_heads != self.heads:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        return self.o_proj(attend(q, k, v, p, mask, self.scale))  # type: ignore[no-any-return]
+        return self.o_proj(attend(q, k, v, p, scale=self.scale, reach=reach))  # type: ignore[no-any-return]
 
 
 class MLP(nn.Module):
@@ -136,9 +136,9 @@ class Layer(nn.Module):
         self.post_feedforward_layernorm = RMSNorm(hidden, eps)
 
     def forward(
-        self, x: torch.Tensor, p: Packed, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+        self, x: torch.Tensor, p: Packed, rotary: tuple[torch.Tensor, torch.Tensor], reach: int | None
     ) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), p, rotary, mask))
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), p, rotary, reach))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))  # type: ignore[no-any-return]
 
 
@@ -165,9 +165,8 @@ class Gemma3(nn.Module):
     def forward(self, p: Packed) -> torch.Tensor:
         x = self.embed_tokens(p.ids) * self.embed_scale
         rotary = self.rotary.tables(p.positions, x.dtype)
-        band = band_mask(p, self.reach, x.device)
         for layer, kind in zip(self.layers, self.kinds, strict=True):
-            x = layer(x, p, rotary[kind], band if kind == SLIDING else None)
+            x = layer(x, p, rotary[kind], self.reach if kind == SLIDING else None)
         return self.norm(x)  # type: ignore[no-any-return]
 
 

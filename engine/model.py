@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,10 @@ class PoolingModel:
                 int8.quantize(self.model)
         self.weights.update(int8.describe(self.model))
         self.dense = dense.load(info.dense, device, dtype) if info.kind == "embedding" else None
+        self.compiled: Callable[[Packed], torch.Tensor] | None = None  # set by engine.compiler
+
+    def _run(self, packed: Packed) -> torch.Tensor:
+        return self.model(packed) if self.compiled is None else self.compiled(packed)  # type: ignore[no-any-return]
 
     @property
     def packed(self) -> bool:
@@ -47,7 +52,7 @@ class PoolingModel:
         """One forward pass; rows in the order of items, float32."""
         if self.info.native:
             packed = Packed.of(items).to(self.placement.device)
-            out = self.model(packed)
+            out = self._run(packed)
             if self.info.kind != "embedding":
                 return out.float().cpu().numpy()  # type: ignore[no-any-return]
             return self._project(pool_packed(out, packed, self.info.pooling))
@@ -58,7 +63,7 @@ class PoolingModel:
         """Each input's last hidden state, one row per token (embedding models), as float32."""
         if self.info.native:
             packed = Packed.of(items).to(self.placement.device)
-            hidden = self.model(packed).float().cpu().numpy()
+            hidden = self._run(packed).float().cpu().numpy()
             return [hidden[start : start + n] for start, n in packed.spans]
         rows = []
         for item in items:  # one at a time: no padding to strip, and rare enough not to batch

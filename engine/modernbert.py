@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.layers import ACTIVATIONS, Rotary, attend, band_mask, load_checkpoint, rotary_base, rotate
+from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate
 from engine.packed import Packed
 from engine.pooling import pool_packed
 
@@ -61,11 +61,11 @@ class Attention(nn.Module):
         self.Wo = nn.Linear(hidden, hidden, bias=bias)
 
     def forward(
-        self, x: torch.Tensor, p: Packed, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+        self, x: torch.Tensor, p: Packed, rotary: tuple[torch.Tensor, torch.Tensor], reach: int | None
     ) -> torch.Tensor:
         q, k, v = self.Wqkv(x).view(x.shape[0], 3, self.heads, -1).unbind(dim=1)
         q, k = rotate(q, *rotary, in_float32=True), rotate(k, *rotary, in_float32=True)
-        return self.Wo(attend(q, k, v, p, mask))  # type: ignore[no-any-return]
+        return self.Wo(attend(q, k, v, p, reach=reach))  # type: ignore[no-any-return]
 
 
 class MLP(nn.Module):
@@ -92,9 +92,9 @@ class Layer(nn.Module):
         self.mlp = MLP(c)
 
     def forward(
-        self, x: torch.Tensor, p: Packed, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+        self, x: torch.Tensor, p: Packed, rotary: tuple[torch.Tensor, torch.Tensor], reach: int | None
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), p, rotary, mask)
+        x = x + self.attn(self.attn_norm(x), p, rotary, reach)
         return x + self.mlp(self.mlp_norm(x))  # type: ignore[no-any-return]
 
 
@@ -132,9 +132,8 @@ class ModernBert(nn.Module):
     def forward(self, p: Packed) -> torch.Tensor:
         x = self.embeddings(p)
         rotary = self.rotary.tables(p.positions, x.dtype)
-        band = band_mask(p, self.window, x.device)
         for layer, kind in zip(self.layers, self.kinds, strict=True):
-            x = layer(x, p, rotary[kind], band if kind == SLIDING else None)
+            x = layer(x, p, rotary[kind], self.window if kind == SLIDING else None)
         x = self.final_norm(x)
         if not self.num_labels:
             return x

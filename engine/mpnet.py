@@ -48,14 +48,15 @@ class MPNet(EncoderModel):
         # every position, rounded up to 16 so each row of the table starts aligned, as CUDA's
         # memory-efficient attention wants of a bias (else it copies it into a padded one per call)
         self.longest = -(-c["max_position_embeddings"] // 16) * 16
-        self.bias: torch.Tensor | None = None
+        # a buffer, not a bare attribute, so a compiled forward finds it by name (engine/compiled.py)
+        self.register_buffer("bias", None, persistent=False)
 
     def build_bias(self) -> None:
         """The bias for every pair of positions up to the longest input, [heads, longest, longest]."""
         position = torch.arange(self.longest, device=self.relative_attention_bias.weight.device)
         buckets = relative_position_bucket(position[None, :] - position[:, None])
         with torch.no_grad():
-            self.bias = self.relative_attention_bias(buckets).permute(2, 0, 1).contiguous()
+            self.bias = self.relative_attention_bias(buckets).permute(2, 0, 1).contiguous()  # type: ignore[assignment]
 
     def attention_bias(self, p: Packed) -> torch.Tensor | None:
         return self.bias

@@ -19,6 +19,7 @@ from common.modelfolder import ModelError, read_model_folder, weight_files
 from common.wire import EngineSpec, Keyed, Msg, Tokens, send
 from engine.batching import GROUP_TOKENS, split_by_length, split_by_tokens, take_batch
 from engine.checkpoint import refuse_pickles
+from engine.compiler import Compilation
 from engine.device import memory_detail, place
 from engine.heap import HeapTrim
 from engine.model import PoolingModel
@@ -26,6 +27,7 @@ from engine.threads import ThreadShare
 
 # The pid that imported this module: the forkserver's when preloading worked, the engine's otherwise.
 IMPORTED_BY_PID = os.getpid()
+COMPILE_POLL_S = 0.5  # an idle engine with a compile on the way looks at it this often
 
 
 def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -> None:
@@ -65,6 +67,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
         share.working()
         warmup = model.warm_up()
         overhead = warmup.overhead_tokens
+        compilation = _compile(conn, model, spec)
         share.idle()
         send(
             conn,
@@ -78,6 +81,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                     # the most tokens one answer can wait on: the stall watchdog's yardstick
                     "group_tokens": max(GROUP_TOKENS, info.max_model_len) if model.packed else spec.max_batch_tokens,
                     **warmup.detail,
+                    "compile": compilation.detail if isinstance(compilation, Compilation) else compilation,
                 },
             ),
         )
@@ -87,11 +91,40 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
     except Exception as exc:
         send(conn, (Msg.FAILED, (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
         return
-    serve_batches(conn, model, spec, overhead, share, heap)
+    try:
+        serve_batches(
+            conn, model, spec, overhead, share, heap, compilation if isinstance(compilation, Compilation) else None
+        )
+    finally:
+        if isinstance(compilation, Compilation):
+            compilation.stop()
+
+
+def _compile(conn: Connection, model: PoolingModel, spec: EngineSpec) -> Compilation | dict[str, Any]:
+    """The engine's compilation, started (engine/compiler.py); or, where there is none, why not.
+    Under WARMPOOL_COMPILE=required, finished: the engine is not ready before."""
+    if spec.compile == "off":
+        return {"mode": "eager", "reason": "WARMPOOL_COMPILE=off"}
+    if not model.packed or model.placement.device.type != "cpu" or spec.compile_cache is None:
+        return {"mode": "eager", "reason": "compiled engines are for native families on the CPU"}
+    compilation = Compilation(model, spec.compile_cache, spec.compile_timeout_s)
+    compilation.start()
+    if spec.compile == "required" and compilation.pending:
+        send(conn, (Msg.COMPILE, compilation.detail))
+        compilation.wait()
+    if spec.compile == "required" and compilation.detail["mode"] != "compiled":
+        raise ModelError(f"WARMPOOL_COMPILE=required, but {compilation.detail.get('reason')}")
+    return compilation
 
 
 def serve_batches(
-    conn: Connection, model: PoolingModel, spec: EngineSpec, overhead: float, share: ThreadShare, heap: HeapTrim
+    conn: Connection,
+    model: PoolingModel,
+    spec: EngineSpec,
+    overhead: float,
+    share: ThreadShare,
+    heap: HeapTrim,
+    compilation: Compilation | None = None,
 ) -> None:
     pending: deque[Keyed] = deque()
     while True:
@@ -100,6 +133,8 @@ def serve_batches(
                 share.idle()
                 if not conn.poll(0):  # nothing waiting: the moment to hand freed memory back
                     heap.idle()
+                while compilation is not None and compilation.pending and not conn.poll(COMPILE_POLL_S):
+                    _switch_if_built(conn, compilation)
                 if not _handle(conn, conn.recv(), pending):
                     return
             while conn.poll(0):
@@ -110,6 +145,14 @@ def serve_batches(
         batch = take_batch(pending, spec.max_batch_tokens, spec.max_batch_size)
         if batch:
             _run_batch(conn, model, batch, overhead, share)
+        if compilation is not None:
+            _switch_if_built(conn, compilation)
+
+
+def _switch_if_built(conn: Connection, compilation: Compilation) -> None:
+    """Between batches: take the compiled forward if its worker is done, and say so."""
+    if compilation.poll():
+        send(conn, (Msg.COMPILE, compilation.detail))
 
 
 def _handle(conn: Connection, message: tuple[str, Any], pending: deque[Keyed]) -> bool:

@@ -144,7 +144,8 @@ class Qwen3(nn.Module):
                 module.fuse()
         if self.score_tokens is not None:
             head = self.embed_tokens if self.tied else self.lm_head
-            self.score = head.weight[list(self.score_tokens)].clone()  # [2, H]: no, yes
+            # [2, H]: no, yes; a buffer, so a compiled forward finds it by name (engine/compiled.py)
+            self.register_buffer("score", head.weight[list(self.score_tokens)].clone(), persistent=False)
             if not self.tied:
                 del self.lm_head
         self.rotary.place(device)
@@ -157,7 +158,7 @@ class Qwen3(nn.Module):
         if self.score_tokens is None:
             return self.norm(x)  # type: ignore[no-any-return]
         last = self.norm(x[p.starts + p.lengths - 1])
-        no, yes = F.linear(last, self.score).float().unbind(dim=-1)
+        no, yes = F.linear(last, self.score).float().unbind(dim=-1)  # type: ignore[arg-type]
         return (yes - no)[:, None]
 
 

@@ -42,6 +42,8 @@ class EngineWiring:
         self.on_fatal = on_fatal
         self.client: EngineClient | None = None
         self.supervisor: EngineSupervisor | None = None
+        self._compiles: dict[int, dict[str, Any]] = {}
+        self._compiles_lock = threading.Lock()
 
     # EngineEvents (engine client, on its reader threads)
     def batch_done(self, stats: BatchStats) -> None:
@@ -61,9 +63,28 @@ class EngineWiring:
         # the stall timeout on a loaded machine, readiness flapped (the chaos test, 2 cores).
         self.phases.update("engine", stalled=slots)
 
+    def engine_compile(self, slot: int, detail: dict[str, Any]) -> None:
+        """The compile phase from every engine's last word: running while any compiles, done once
+        all are compiled, else skipped with the reason an engine stayed eager."""
+        with self._compiles_lock:
+            self._compiles[slot] = detail
+            engines = {str(s): d for s, d in sorted(self._compiles.items())}
+            if any(d.get("compiling") for d in engines.values()):
+                if self.phases.state("compile") == "running":
+                    self.phases.update("compile", engines=engines)
+                else:
+                    self.phases.start("compile", engines=engines)
+            elif all(d.get("mode") == "compiled" for d in engines.values()):
+                self.phases.done("compile", engines=engines)
+            else:
+                reason = next((str(d["reason"]) for d in engines.values() if d.get("reason")), "eager")
+                self.phases.skip("compile", reason, engines=engines)
+
     # SupervisorEvents (supervisor threads)
     def engine_ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:
         assert self.client is not None
+        if warmup.get("compile"):
+            self.engine_compile(slot, warmup["compile"])
         if self.client.stall_timeout_s is None:  # the first engine's warm-up sizes the watchdog
             timeout = self.services.settings.stall_timeout(
                 float(warmup.get("ms_per_token", 0.0)), warmup.get("group_tokens")

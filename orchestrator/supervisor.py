@@ -62,6 +62,9 @@ class SupervisorEvents(Protocol):
 
     def engine_restarted(self, slot: int) -> None: ...
 
+    def engine_compile(self, slot: int, detail: dict[str, Any]) -> None:
+        """Engine `slot`'s compiled forward changed state while it started."""
+
     def gave_up(self, reason: str) -> None:
         """The restart budget is spent; no engine will be started again."""
 
@@ -109,6 +112,9 @@ class EngineSupervisor:
             dtype=self.settings.dtype,
             allow_bin_weights=self.settings.allow_bin_weights == "on",
             quiet_wait_s=FOLLOWER_QUIET_S if follower and cpu else 0.0,
+            compile=self.settings.compile,
+            compile_cache=self.settings.compile_cache,
+            compile_timeout_s=self.settings.compile_timeout,
         )
 
     @property
@@ -152,8 +158,10 @@ class EngineSupervisor:
         self.startup.done("engine", **{k: v for k, v in loaded.items() if k != "pid"})
         self.startup.start("warmup")
         warmup = self._expect(conn, 0, Msg.READY)
-        self.startup.done("warmup", **warmup)
+        self.startup.done("warmup", **{k: v for k, v in warmup.items() if k != "compile"})
         self._start_limit_s = max(60.0, 10 * (float(loaded.get("load_s", 0)) + float(warmup.get("warmup_s", 0))))
+        if self.settings.compile == "required":  # a restart may wait on a compile another engine runs
+            self._start_limit_s += self.settings.compile_timeout
         self._ready(0, conn, warmup)
         threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True).start()
         threading.Thread(target=self._start_others, name="engine-start-others", daemon=True).start()
@@ -283,6 +291,8 @@ class EngineSupervisor:
                         raise EngineStartError(reason.splitlines()[0] if reason else "engine failed")
                     if kind == wanted:
                         return dict(body)
+                    if kind == Msg.COMPILE:  # WARMPOOL_COMPILE=required: compiling before it is ready
+                        self.events.engine_compile(slot, body)
                 elif ref.exited():
                     process.join(STOP_GRACE_S)
                     raise EngineStartError(f"engine exited with code {process.exitcode} while starting")

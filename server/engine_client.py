@@ -106,6 +106,9 @@ class EngineEvents(Protocol):
     def engines_stalled(self, slots: list[int], every: bool) -> None:
         """The engines now taken for stalled changed to `slots`; `every`: all attached ones are."""
 
+    def engine_compile(self, slot: int, detail: dict[str, Any]) -> None:
+        """Engine `slot`'s compiled forward changed state (engine/compiler.py's detail)."""
+
 
 class EngineClient:
     def __init__(
@@ -223,6 +226,8 @@ class EngineClient:
             elif kind == Msg.ERROR:
                 keys, message = body
                 self._on_error(keys, message, pipe.slot)
+            elif kind == Msg.COMPILE:
+                self._events.engine_compile(pipe.slot, body)
         except Exception:  # a bug here must not silently stop this engine's results
             log.exception("engine_message_failed", slot=pipe.slot, kind=kind)
 

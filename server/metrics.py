@@ -39,6 +39,9 @@ class _PhaseCollector(Collector):
         stalled = GaugeMetricFamily(
             "warmpool_engines_stalled", "Engines with work answering nothing: routed around", labels=["model"]
         )
+        compiled = GaugeMetricFamily(
+            "warmpool_engines_compiled", "Engines serving on the compiled forward (the rest: eager)", labels=["model"]
+        )
         for phase in phases:
             if phase["duration_s"] is not None:
                 duration.add_metric([phase["name"], phase["state"]], phase["duration_s"])
@@ -49,10 +52,14 @@ class _PhaseCollector(Collector):
             if kind == "engine":
                 engines_up.add_metric([model], phase["detail"].get("up", 0))
                 stalled.add_metric([model], len(phase["detail"].get("stalled", [])))
+            if kind == "compile":
+                engines = phase["detail"].get("engines", {}).values()
+                compiled.add_metric([model], sum(1 for d in engines if d.get("mode") == "compiled"))
         yield duration
         yield prefetched
         yield engines_up
         yield stalled
+        yield compiled
 
 
 class Metrics:

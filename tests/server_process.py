@@ -47,7 +47,8 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPOOL_")}
-        env.update({"HF_HUB_OFFLINE": "1", "WARMPOOL_LOG_FORMAT": "json"})
+        # compiling is tested where asked for: elsewhere a background compile would only load the machine
+        env.update({"HF_HUB_OFFLINE": "1", "WARMPOOL_LOG_FORMAT": "json", "WARMPOOL_COMPILE": "off"})
         env.update({f"WARMPOOL_{k.upper()}": str(v) for k, v in settings.items()})
         env.update({"WARMPOOL_MODEL": str(model), "WARMPOOL_PORT": str(self.port)})
         self.log_path = log_path

@@ -11,7 +11,7 @@ def test_every_phase_has_finished_with_durations(server: ServerProcess) -> None:
     body = r.json()
     assert body["status"] == "ready"
     names = [p["name"] for p in body["phases"]]
-    assert names == ["bind", "prefetch", "forkserver", "engine", "warmup", "ready"]
+    assert names == ["bind", "prefetch", "forkserver", "engine", "warmup", "compile", "ready"]
     for phase in body["phases"]:
         assert phase["state"] == "done", phase
         assert phase["started_s"] >= 0 and phase["duration_s"] >= 0, phase

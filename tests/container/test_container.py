@@ -94,7 +94,15 @@ def test_container_serves_like_the_local_server(
     url, env = stack
     with httpx.Client(base_url=url, timeout=60) as http:
         startup = http.get("/health/startup").json()
-        assert [p["name"] for p in startup["phases"]] == ["bind", "prefetch", "forkserver", "engine", "warmup", "ready"]
+        assert [p["name"] for p in startup["phases"]] == [
+            "bind",
+            "prefetch",
+            "forkserver",
+            "engine",
+            "warmup",
+            "compile",
+            "ready",
+        ]
         assert {p["state"] for p in startup["phases"]} == {"done"}, startup
         assert http.get("/v1/models").json()["data"][0]["id"] == "all-MiniLM-L6-v2"  # the embedded model
         texts = ["served from a container", "and from a local process"]

@@ -67,7 +67,7 @@ def test_each_model_has_its_own_phases_between_the_shared_ones() -> None:
     assert names(state) == [
         "bind",
         "forkserver",
-        *[f"{p}:{m}" for m in ("embed", "rerank") for p in ("prefetch", "engine", "warmup", "ready")],
+        *[f"{p}:{m}" for m in ("embed", "rerank") for p in ("prefetch", "engine", "warmup", "compile", "ready")],
         "ready",
     ]
     assert {p.get("model") for p in state.snapshot()["phases"]} == {None, "embed", "rerank"}

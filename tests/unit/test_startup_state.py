@@ -253,6 +253,7 @@ def test_each_transition_logs_one_phase_event(logs: list[dict[str, Any]]) -> Non
         ("phase", "forkserver", "failed"),
         ("phase", "engine", "skipped"),  # the start stops at a failure: the rest is skipped
         ("phase", "warmup", "skipped"),
+        ("phase", "compile", "skipped"),
         ("phase", "ready", "skipped"),
     ]
 
@@ -307,7 +308,7 @@ def test_a_failed_phase_stays_failed_and_the_rest_is_skipped() -> None:
     phases = {p["name"]: p for p in state.snapshot()["phases"]}
     assert phases["engine"]["state"] == "failed" and phases["engine"]["detail"] == {"error": "model folder not found"}
     assert phases["bind"]["state"] == "done"
-    for name in ("prefetch", "forkserver", "warmup", "ready"):
+    for name in ("prefetch", "forkserver", "warmup", "compile", "ready"):
         assert phases[name]["state"] == "skipped"
         assert phases[name]["detail"]["reason"] == "start failed in phase 'engine'"
     assert state.status() == "failed" and state.current() == "engine"

@@ -1,0 +1,137 @@
+"""An engine's way to its compiled forward: from the cache at start, or from a worker while it serves.
+
+With the artifact in the cache the engine loads it before it is ready (a fraction of a second) and
+serves compiled from its first request. Without, it starts engine/compile_worker.py and serves
+eager; between batches it looks whether the worker is done and switches then, so no batch is cut
+in two. Before it switches it runs one small batch both ways and keeps the compiled forward only if
+the two agree: an artifact that does not load or does not agree leaves the engine eager, with the
+reason in its detail. So does a worker that fails or runs past its deadline (it is killed).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.wire import Tokens
+from engine.compiled import CompiledForward, CompileError, cache_key
+from engine.model import PoolingModel
+from engine.packed import Packed
+
+# how far a compiled answer may lie from the eager one, by precision (the order they add in differs)
+AGREE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 1e-1, "int8": 1e-1}
+CHECK_LENGTHS = (5, 11)
+ROOT = str(Path(__file__).resolve().parent.parent)  # where `engine` is importable from
+
+
+class Compilation:
+    """The compiled forward of one engine's model, on its way: `detail` says where it stands."""
+
+    def __init__(self, model: PoolingModel, cache: Path, timeout_s: float) -> None:
+        self.model = model
+        self.artifact = cache / cache_key(model.info.path, model.placement.precision)
+        self.timeout_s = timeout_s
+        self.worker: subprocess.Popen[bytes] | None = None
+        self.log: Any = None
+        self.started = time.monotonic()
+        self.detail: dict[str, Any] = {"mode": "eager", "cache": "miss", "artifact": self.artifact.name}
+
+    @property
+    def pending(self) -> bool:
+        return self.worker is not None
+
+    def start(self) -> None:
+        """Load the artifact if the cache has it, else start the worker that builds it."""
+        if self.artifact.is_dir():
+            self.detail["cache"] = "hit"
+            self._switch()
+            return
+        self.artifact.parent.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "engine.compile_worker",
+            str(self.model.info.path),
+            self.model.placement.precision,
+            str(self.artifact),
+        ]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+        # the worker's output, for the reason a failed compile gives: unnamed, gone with the engine
+        self.log = tempfile.TemporaryFile(dir=self.artifact.parent)  # noqa: SIM115  (kept for _log_tail)
+        self.worker = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env
+        )
+        self.detail["compiling"] = True
+
+    def poll(self) -> bool:
+        """Between batches: True when the mode changed (compiled, or eager for good)."""
+        worker = self.worker
+        if worker is None:
+            return False
+        code = worker.poll()
+        if code is None:
+            if time.monotonic() - self.started <= self.timeout_s:
+                return False
+            worker.kill()
+            worker.wait()
+            self._give_up(f"the compile ran past WARMPOOL_COMPILE_TIMEOUT_S ({self.timeout_s:g} s); killed")
+            return True
+        if code != 0:
+            self._give_up(f"the compile worker exited with {code}: {self._log_tail()}")
+            return True
+        self._switch()
+        return True
+
+    def wait(self) -> None:
+        """Until the compiled forward is in use or given up (WARMPOOL_COMPILE=required)."""
+        while self.pending and not self.poll():
+            time.sleep(0.1)  # polling a child's exit: no condition to wait on but the exit itself
+
+    def stop(self) -> None:
+        if self.worker is not None and self.worker.poll() is None:
+            self.worker.kill()
+            self.worker.wait()
+
+    def _switch(self) -> None:
+        self.worker = None
+        self.detail.pop("compiling", None)
+        loaded = time.monotonic()
+        try:
+            compiled = CompiledForward(self.artifact, self.model.model)
+            self._check(compiled)
+        except CompileError as exc:
+            self.detail["reason"] = str(exc)
+            return
+        self.model.compiled = compiled
+        self.detail.update(mode="compiled", load_s=round(time.monotonic() - loaded, 3))
+        self.detail["seconds"] = round(time.monotonic() - self.started, 1)
+
+    def _check(self, compiled: CompiledForward) -> None:
+        token = self.model.pad_id + 1
+        packed = Packed.of([Tokens([token] * n) for n in CHECK_LENGTHS]).to(self.model.placement.device)
+        with torch.inference_mode():
+            try:
+                got = compiled(packed).float()
+            except Exception as exc:
+                raise CompileError(f"the compiled forward failed: {type(exc).__name__}: {exc}") from exc
+            want = self.model.model(packed).float()
+        limit = AGREE.get(self.model.placement.precision, 1e-1)
+        if got.shape != want.shape or not torch.allclose(got, want, atol=limit, rtol=limit):
+            raise CompileError(f"the compiled forward disagrees with the eager one (beyond {limit:g})")
+
+    def _give_up(self, reason: str) -> None:
+        self.worker = None
+        self.detail.pop("compiling", None)
+        self.detail["reason"] = reason
+
+    def _log_tail(self) -> str:
+        self.log.seek(0)
+        lines = self.log.read().decode(errors="replace").strip().splitlines()
+        return lines[-1][-300:] if lines else "no output"
