@@ -23,7 +23,7 @@ class Packed:
 
     @property
     def batch(self) -> int:
-        return int(self.lengths.shape[0])
+        return self.lengths.shape[0]  # not int(): exported (engine/compiled.py), that would fix the batch size
 
     @staticmethod
     def of(inputs: list[Tokens]) -> Packed:

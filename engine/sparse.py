@@ -47,6 +47,8 @@ def pool_packed(weights: torch.Tensor, p: Packed, splade: Splade) -> torch.Tenso
     if splade.strategy == "sum":  # summed in float32 whatever the model's dtype, as the reference sums
         sums = weights.new_zeros((p.batch, weights.shape[-1]), dtype=torch.float32)
         return sums.index_add_(0, p.seq, weights.float()).to(weights.dtype)
+    if torch.compiler.is_compiling():  # exported: no Python spans; the weights are >= 0, so 0 starts the max
+        return weights.new_zeros((p.batch, weights.shape[-1])).index_reduce_(0, p.seq, weights, "amax")
     # one reduction per input: a scatter's [T, V] index, or a padded grid, would outweigh the logits
     return torch.stack([weights[start : start + n].amax(dim=0) for start, n in p.spans])
 

@@ -1,0 +1,205 @@
+"""Compiled engines: every native family's compiled forward gives the eager engine's numbers, built by
+the real compile worker; a server switches to it under load without a wrong or failed answer, loads it
+from the cache before its first request on the next start, and with WARMPOOL_COMPILE=required is not
+ready until compiled."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["DO_NOT_TRACK"] = "1"
+
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from common.modelfolder import read_model_folder
+from common.wire import Tokens
+from engine.compiled import CompiledForward, build_package
+from engine.model import PoolingModel
+from engine.packed import Packed
+from server.outputs import normalize
+from server.tokenizer import TokenizerPool
+from tests.server_process import ServerProcess, serving, wait_for
+from tests.tiny_models import TinyFolders, build_splade
+
+pytestmark = pytest.mark.slow
+
+# one folder per native module but nomic_gte's and xlm_roberta's (the server tests below compile
+# those): every graph the exporter meets, heads and attention variants included (the classifier
+# heads, MPNet's bias, ModernBERT's and Gemma 3's band, Gemma 3's grouped heads and embedding scale,
+# Qwen3's causal mask and yes/no score, SPLADE's masked-LM head and vocabulary pooling over BERT)
+FAMILIES = ["xlm-roberta-reranker", "mpnet", "modernbert-reranker", "embeddinggemma", "qwen3-reranker", "splade"]
+TEXTS = [
+    "",
+    "a",
+    "Hello world, the warm pool model",
+    "naïve café 日本語 🙂",
+    "the warm pool engine keeps models loaded " * 20,
+]
+COMPILE_S = 300  # a tiny model compiles in 15-30 s on 2 cores; the deadline is for a loaded machine
+
+
+def eager_answers(folder: Path, model: PoolingModel | None = None) -> np.ndarray:
+    """The engine's answers to TEXTS (embeddings, sparse weights, or scores against a query)."""
+    info = read_model_folder(folder)
+    model = model or PoolingModel(info, threads=1)
+    pool = TokenizerPool(folder, info.pair_template)
+    if info.kind in ("embedding", "sparse"):
+        return model.forward(pool.encode_batch(TEXTS, truncate=info.max_model_len))
+    return model.forward(pool.encode_pairs([("a warm pool", text) for text in TEXTS], truncate=info.max_model_len))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_compiled_forward_gives_the_eager_engines_numbers(
+    tiny: TinyFolders, model_dir: Path, tmp_path: Path, name: str
+) -> None:
+    """A package built from the engine's model and run on its own weights answers within 1e-5 of the
+    eager engine (which the family tests hold to sentence-transformers and transformers): texts
+    empty, unicode and cut at the model's maximum, in one batch of unequal lengths. Built here, in
+    this process, as the compile worker builds it (the server tests run the worker itself)."""
+    folder = build_splade(tmp_path / "splade", model_dir) if name == "splade" else tiny[name]
+    model = PoolingModel(read_model_folder(folder), threads=1)
+    eager = eager_answers(folder, model)
+    build_package(model.model, Packed.of([Tokens([5] * n) for n in (3, 5, 9)]), tmp_path / "artifact")
+    model.compiled = CompiledForward(tmp_path / "artifact", model.model)
+    compiled = eager_answers(folder, model)
+    assert compiled.shape == eager.shape
+    assert not np.array_equal(eager, np.zeros_like(eager))
+    np.testing.assert_allclose(compiled, eager, atol=1e-5, rtol=1e-6)
+
+
+def embed(client: httpx.Client, texts: list[str]) -> np.ndarray:
+    response = client.post("/v1/embeddings", json={"input": texts, "model": "m"})
+    assert response.status_code == 200, response.text
+    return np.array([row["embedding"] for row in response.json()["data"]])
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One compile cache for the server tests below, which run in order: cold, then warm."""
+    return tmp_path_factory.mktemp("compile-cache")
+
+
+def test_a_cold_cache_serves_eager_at_once_then_switches_under_load(
+    tiny: TinyFolders, cache: Path, tmp_path: Path
+) -> None:
+    """With an empty cache the server is ready while its engines are still eager and compiling; a
+    client sending all along gets every answer right (the engine's own eager answers) across the
+    switch; then the compile phase is done with every engine compiled, and the metric says so."""
+    folder = tiny["gte"]
+    expected = normalize(eager_answers(folder))
+    with serving(
+        folder,
+        tmp_path / "cold.log",
+        compile="auto",
+        compile_cache=cache,
+        long_inputs="truncate",
+        engines=2,
+        served_model_name="m",
+    ) as proc:
+        phase = proc.phase("compile")
+        assert phase["state"] == "running" and {d["mode"] for d in phase["detail"]["engines"].values()} == {"eager"}
+        answers, failures, done = [0], [], threading.Event()
+
+        def client() -> None:
+            with httpx.Client(base_url=proc.url, timeout=60) as http:
+                while not done.is_set():
+                    try:
+                        got = embed(http, TEXTS)
+                        np.testing.assert_allclose(normalize(got), expected, atol=1e-5, rtol=0)
+                        answers[0] += 1
+                    except Exception as exc:  # counted, then asserted on in the test's thread
+                        failures.append(exc)
+
+        threads = [threading.Thread(target=client)]  # one: the other core is the compile's
+        for thread in threads:
+            thread.start()
+        try:
+            phase = wait_for(lambda: (p := proc.phase("compile"))["state"] != "running" and p, COMPILE_S, "the compile")
+        finally:
+            done.set()
+            for thread in threads:
+                thread.join()
+        assert not failures, failures[:3]
+        assert answers[0] > 0
+        assert phase["state"] == "done", phase
+        engines = phase["detail"]["engines"]
+        assert {d["mode"] for d in engines.values()} == {"compiled"} and len(engines) == 2
+        assert {d["cache"] for d in engines.values()} == {"miss"}
+        assert 'warmpool_engines_compiled{model="m"} 2.0' in proc.client.get("/metrics").text
+        np.testing.assert_allclose(normalize(embed(proc.client, TEXTS)), expected, atol=1e-5, rtol=0)
+
+
+def test_a_warm_cache_serves_compiled_from_the_first_request(tiny: TinyFolders, cache: Path, tmp_path: Path) -> None:
+    """On the next start with the same cache, every engine loaded the artifact before the server was
+    ready: the compile phase is done (a cache hit) when readiness first answers 200."""
+    with serving(
+        tiny["gte"],
+        tmp_path / "warm.log",
+        compile="auto",
+        compile_cache=cache,
+        long_inputs="truncate",
+        served_model_name="m",
+    ) as proc:
+        phase = proc.phase("compile")
+        assert phase["state"] == "done", phase
+        assert [(d["mode"], d["cache"]) for d in phase["detail"]["engines"].values()] == [("compiled", "hit")]
+        embed(proc.client, TEXTS)
+
+
+def test_a_corrupt_artifact_leaves_the_engine_eager_with_a_reason(
+    tiny: TinyFolders, cache: Path, tmp_path: Path
+) -> None:
+    """A cached artifact that does not load is not a failed start: the server serves eager, and the
+    compile phase is skipped with why."""
+    for artifact in cache.iterdir():
+        if artifact.is_dir():
+            (artifact / "model.pt2").write_bytes(b"not a package")
+    with serving(
+        tiny["gte"],
+        tmp_path / "corrupt.log",
+        compile="auto",
+        compile_cache=cache,
+        long_inputs="truncate",
+        served_model_name="m",
+    ) as proc:
+        phase = proc.phase("compile")
+        assert phase["state"] == "skipped" and "cannot load the compiled artifact" in phase["detail"]["reason"], phase
+        assert 'warmpool_engines_compiled{model="m"} 0.0' in proc.client.get("/metrics").text
+        embed(proc.client, TEXTS)
+
+
+def test_compile_required_holds_readiness_until_compiled(tiny: TinyFolders, tmp_path: Path) -> None:
+    """WARMPOOL_COMPILE=required on an empty cache: readiness is 503 and the compile phase running
+    while the worker builds; the server turns ready with its engine compiled, answering as the
+    eager engine does."""
+    folder = tiny["roberta"]
+    proc = ServerProcess(
+        folder,
+        tmp_path / "required.log",
+        compile="required",
+        compile_cache=tmp_path / "cache",
+        long_inputs="truncate",
+        served_model_name="m",
+    )
+    try:
+        running = wait_for(lambda: proc.phase("compile")["state"] == "running", 60, "the compile phase running")
+        assert running and proc.client.get("/health/ready").status_code == 503
+        proc.wait_ready(timeout=COMPILE_S)
+        phase = proc.phase("compile")
+        assert phase["state"] == "done" and phase["detail"]["engines"]["0"]["mode"] == "compiled", phase
+        np.testing.assert_allclose(embed(proc.client, TEXTS), eager_answers(folder), atol=1e-5, rtol=0)
+    finally:
+        proc.stop()
+
+
+def test_compile_off_is_the_eager_engine_and_says_so(server: ServerProcess) -> None:
+    """WARMPOOL_COMPILE=off (the test servers' setting): no compile, the phase skipped with that reason."""
+    phase = server.phase("compile")
+    assert phase["state"] == "skipped" and phase["detail"]["reason"] == "WARMPOOL_COMPILE=off", phase
