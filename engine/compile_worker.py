@@ -33,6 +33,8 @@ def main(argv: list[str]) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if artifact.is_dir():
             return 0  # another engine's worker built it while this one waited
+        for stale in artifact.parent.glob(f".{artifact.name}.*"):  # a killed worker's: the lock says none runs
+            shutil.rmtree(stale, ignore_errors=True)
         started = time.monotonic()
         scratch = Path(tempfile.mkdtemp(prefix=f".{artifact.name}.", dir=artifact.parent))
         try:

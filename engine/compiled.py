@@ -66,7 +66,7 @@ def _inputs(p: Packed) -> list[torch.Tensor]:
 def cache_key(folder: Path, precision: str) -> str:
     """The artifact's name in the cache: the model's files (name, size, modification time), the
     precision, torch's version, the CPU's instruction set and the engine's source. Another model,
-    dtype, torch or CPU misses; so does a copy of the same model elsewhere (its times differ)."""
+    dtype, torch or CPU misses; a copy of the same files with their times kept hits."""
     files = sorted(f for f in folder.rglob("*") if f.is_file())
     facts: dict[str, Any] = {
         "files": [[str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns] for f in files],

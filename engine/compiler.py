@@ -81,7 +81,7 @@ class Compilation:
                 return False
             worker.kill()
             worker.wait()
-            self._give_up(f"the compile ran past WARMPOOL_COMPILE_TIMEOUT_S ({self.timeout_s:g} s); killed")
+            self._give_up(f"the compile ran past WARMPOOL_COMPILE_TIMEOUT ({self.timeout_s:g} s); killed")
             return True
         if code != 0:
             self._give_up(f"the compile worker exited with {code}: {self._log_tail()}")

@@ -79,7 +79,7 @@ def stack(
         print(f"compose up --wait: {time.monotonic() - started:.1f}s")
         yield f"http://127.0.0.1:{port}", env
     finally:
-        compose("down", "--remove-orphans", "--timeout", "60", env=env)
+        compose("down", "--remove-orphans", "--volumes", "--timeout", "60", env=env)  # the compile cache too
 
 
 def container(engine: docker.DockerClient) -> docker.models.containers.Container:
@@ -93,6 +93,14 @@ def test_container_serves_like_the_local_server(
 ) -> None:
     url, env = stack
     with httpx.Client(base_url=url, timeout=60) as http:
+        # ready while compiling (an empty cache volume): the image's compiler builds the engine's artifact
+        compiled = wait_for(
+            lambda: next(p for p in http.get("/health/startup").json()["phases"] if p["name"] == "compile")["state"]
+            != "running",
+            600,
+            "the compile phase",
+        )
+        assert compiled
         startup = http.get("/health/startup").json()
         assert [p["name"] for p in startup["phases"]] == [
             "bind",

@@ -1,0 +1,114 @@
+"""The compile cache's keys and an engine's way to its compiled forward when the artifact is bad or
+the compile does not finish: the engine stays eager and says why (no compile runs to completion here;
+tests/test_compiled_engine.py builds real ones)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.modelfolder import read_model_folder
+from engine import compiled
+from engine.compiled import CompiledForward, CompileError, cache_key
+from engine.compiler import Compilation
+from engine.model import PoolingModel
+
+
+@pytest.fixture
+def folder(model_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the default model's folder (its files' times kept), to change files of."""
+    return Path(shutil.copytree(model_dir, tmp_path / "model"))
+
+
+def test_the_same_model_and_precision_give_the_same_key(folder: Path) -> None:
+    """The key is a pure function of what it covers: asked twice, one key."""
+    assert cache_key(folder, "float32") == cache_key(folder, "float32")
+
+
+def test_another_precision_misses(folder: Path) -> None:
+    """A bfloat16 engine does not load a float32 artifact."""
+    assert cache_key(folder, "float32") != cache_key(folder, "bfloat16")
+
+
+def test_a_changed_model_misses(folder: Path) -> None:
+    """A model's files are part of the key: one changed file (its size and time) misses."""
+    before = cache_key(folder, "float32")
+    config = folder / "config.json"
+    config.write_text(config.read_text() + " ")
+    assert cache_key(folder, "float32") != before
+
+
+def test_another_torch_or_cpu_misses(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An artifact is machine code for one torch and one instruction set: either changed misses."""
+    before = cache_key(folder, "float32")
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    newer_torch = cache_key(folder, "float32")
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert len({before, newer_torch, cache_key(folder, "float32")}) == 3
+
+
+def test_the_engines_own_code_is_part_of_the_key(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph is traced from the engine's modules: another version of them misses."""
+    before = cache_key(folder, "float32")
+    changed = tmp_path / "layers.py"
+    changed.write_text(compiled.SOURCES[0].read_text() + "\n# changed\n")
+    monkeypatch.setattr(compiled, "SOURCES", [changed, *compiled.SOURCES[1:]])
+    assert cache_key(folder, "float32") != before
+
+
+def corrupt_artifact(root: Path) -> Path:
+    root.mkdir(parents=True)
+    (root / compiled.PACKAGE).write_bytes(b"PK\x03\x04 not a package")
+    torch.save({}, root / compiled.CONSTANTS)
+    return root
+
+
+def test_a_corrupt_package_is_a_compile_error_naming_it(tmp_path: Path, model_dir: Path) -> None:
+    """A torn or foreign model.pt2 raises CompileError with the folder in its message, never a crash."""
+    model = PoolingModel(read_model_folder(model_dir), threads=1)
+    artifact = corrupt_artifact(tmp_path / "artifact")
+    with pytest.raises(CompileError, match=r"cannot load the compiled artifact in .*artifact"):
+        CompiledForward(artifact, model.model)
+
+
+def test_a_corrupt_cached_artifact_leaves_the_engine_eager(tmp_path: Path, model_dir: Path) -> None:
+    """A cache hit that does not load: no worker started, the engine eager, the reason in its detail."""
+    model = PoolingModel(read_model_folder(model_dir), threads=1)
+    compilation = Compilation(model, tmp_path, 60)
+    corrupt_artifact(compilation.artifact)
+    compilation.start()
+    assert not compilation.pending and model.compiled is None
+    assert compilation.detail["mode"] == "eager" and compilation.detail["cache"] == "hit"
+    assert "cannot load the compiled artifact" in compilation.detail["reason"]
+
+
+def test_a_compile_past_its_deadline_is_killed_and_the_engine_stays_eager(tmp_path: Path, model_dir: Path) -> None:
+    """The worker is killed at the first look past WARMPOOL_COMPILE_TIMEOUT; nothing is left behind
+    in the cache but its lock."""
+    model = PoolingModel(read_model_folder(model_dir), threads=1)
+    compilation = Compilation(model, tmp_path, 0.0)
+    compilation.start()
+    worker = compilation.worker
+    assert worker is not None and compilation.pending
+    assert compilation.poll() is True
+    assert worker.returncode is not None and worker.returncode < 0  # killed, not finished
+    assert "WARMPOOL_COMPILE_TIMEOUT" in compilation.detail["reason"] and model.compiled is None
+    assert not compilation.artifact.exists()
+
+
+def test_a_failed_compile_says_why(tmp_path: Path, folder: Path) -> None:
+    """A worker that fails (here: the weights gone once the engine had loaded them) leaves the engine
+    eager with the worker's last line of output as the reason."""
+    model = PoolingModel(read_model_folder(folder), threads=1)
+    os.remove(folder / "model.safetensors")
+    compilation = Compilation(model, tmp_path / "cache", 120)
+    compilation.start()
+    compilation.wait()
+    assert model.compiled is None and compilation.detail["mode"] == "eager"
+    assert compilation.detail["reason"].startswith("the compile worker exited with 1: "), compilation.detail
+    assert compilation.detail["reason"] != "the compile worker exited with 1: no output"
