@@ -56,7 +56,9 @@ def main() -> None:
         compiled, warm_s = started(args.model, root / "warm.log", compile="auto", **common)
         print(f"ready, eager (compile=off): {off_s:.2f} s")
         print(f"ready, empty cache (auto): {cold_s:.2f} s; every engine compiled at {cold_compiled_s:.1f} s")
-        print(f"ready, warm cache: {warm_s:.2f} s, compiled from the first request: {compiled.phase('compile')['state']}")
+        print(
+            f"ready, warm cache: {warm_s:.2f} s, compiled from the first request: {compiled.phase('compile')['state']}"
+        )
         try:
             for server in (eager, compiled):
                 server.wait_engines()

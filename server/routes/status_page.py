@@ -63,16 +63,21 @@ async def status(request: Request) -> JSONResponse:
 def live_status(svc: Services) -> dict[str, Any]:
     """What /status answers but the HTTP requests in flight (read on the loop)."""
     snapshot = svc.startup.snapshot()
-    engine = next(p for p in snapshot["phases"] if p["name"] == "engine")["detail"]
+    # with several models each has its own engine and compile phases (engine:NAME): summed here
+    engines = [p["detail"] for p in snapshot["phases"] if p["name"].split(":")[0] == "engine"]
+    compiles = [p for p in snapshot["phases"] if p["name"].split(":")[0] == "compile"]
+    modes = [d.get("mode") for p in compiles for d in p["detail"].get("engines", {}).values()]
     metrics = svc.metrics
     return {
         **snapshot,
         "engines": {
-            "configured": engine.get("engines"),
-            "up": engine.get("up", 0),
+            "configured": sum(e.get("engines") or 0 for e in engines) or None,
+            "up": sum(e.get("up", 0) for e in engines),
             "restarts_total": _value(metrics.restarts, "_total"),
-            "restarts_in_window": engine.get("restarts", 0),
+            "restarts_in_window": sum(e.get("restarts", 0) for e in engines),
             "stalls_total": _value(metrics.stalls, "_total"),
+            "compiled": modes.count("compiled"),  # the rest serve eager: the compile phase says why
+            "compile": "/".join(sorted({p["state"] for p in compiles})),
         },
         "requests": _requests(metrics.requests),
         "queue_depth": _value(metrics.queue_depth),

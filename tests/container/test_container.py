@@ -95,8 +95,10 @@ def test_container_serves_like_the_local_server(
     with httpx.Client(base_url=url, timeout=60) as http:
         # ready while compiling (an empty cache volume): the image's compiler builds the engine's artifact
         compiled = wait_for(
-            lambda: next(p for p in http.get("/health/startup").json()["phases"] if p["name"] == "compile")["state"]
-            != "running",
+            lambda: (
+                next(p for p in http.get("/health/startup").json()["phases"] if p["name"] == "compile")["state"]
+                != "running"
+            ),
             600,
             "the compile phase",
         )

@@ -67,7 +67,17 @@ def test_engines_come_from_the_engine_phase_and_the_restart_counters(app: tuple[
         "restarts_total": 3,
         "restarts_in_window": 1,
         "stalls_total": 1,
+        "compiled": 0,
+        "compile": "pending",
     }
+
+
+def test_compiled_engines_come_from_the_compile_phase(app: tuple[TestClient, Services]) -> None:
+    """The compiled engines are counted from the compile phase's per-engine modes, with its state."""
+    client, svc = app
+    svc.startup.start("compile", engines={"0": {"mode": "compiled"}, "1": {"mode": "eager", "compiling": True}})
+    engines = client.get("/status").json()["engines"]
+    assert (engines["compiled"], engines["compile"]) == (1, "running")
 
 
 def test_queue_depth_and_inputs_are_the_metrics_gauges(app: tuple[TestClient, Services]) -> None:
@@ -119,3 +129,18 @@ def test_post_root_still_needs_the_api_key(guarded: tuple[TestClient, Services])
     assert client.post("/", json={"inputs": "x"}).status_code == 401
     assert client.post("/v1/embeddings", json={"input": "x"}).status_code == 401
     assert client.get("/v1/models").status_code == 401
+
+
+def test_several_models_sum_their_engines_and_compiled_engines() -> None:
+    """With several models (phases engine:NAME, compile:NAME) the figures are summed over them."""
+    with ThreadPoolExecutor(2) as executor:
+        startup = StartupState(models=["a", "b"])
+        svc = Services(settings=Settings(), startup=startup, executor=executor)
+        startup.for_model("a").start("engine", engines=1, up=1)
+        startup.for_model("b").start("engine", engines=2, up=2, restarts=1)
+        startup.for_model("a").done("compile", engines={"0": {"mode": "compiled"}})
+        startup.for_model("b").skip("compile", "WARMPOOL_COMPILE=off", engines={"0": {"mode": "eager"}})
+        with TestClient(with_middleware(create_app(svc))) as client:
+            engines = client.get("/status").json()["engines"]
+    assert (engines["configured"], engines["up"], engines["restarts_in_window"]) == (3, 3, 1)
+    assert (engines["compiled"], engines["compile"]) == (1, "done/skipped")
