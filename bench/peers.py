@@ -9,8 +9,10 @@ model and against the first server; never asserts.
 A peer is `NAME=COMMAND`: COMMAND starts its server in the foreground on the model folder, with
 `{model}`, `{name}` and `{port}` filled in, ready when `GET {health}` answers 200 (`--peer-health`,
 default /health); the bench installs nothing.
-Usage: .venv/bin/python -m bench.peers [--warmpool float32,int8] [--peer 'vllm=start-vllm.sh {model} {name} {port}']
-         [--clients 1,32] [--seconds 15]
+`--warmpool float32+compiled` is warmpool with compiled engines, its artifact built before the
+timed start (so `ready` is a start with the cache warm).
+Usage: .venv/bin/python -m bench.peers [--warmpool float32,float32+compiled,int8]
+         [--peer 'vllm=start-vllm.sh {model} {name} {port}'] [--clients 1,32] [--seconds 15]
 """
 
 from __future__ import annotations
@@ -61,9 +63,15 @@ def pss_mb(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def warmpool(dtype: str, log: Path) -> Iterator[Served]:
+def warmpool(variant: str, log: Path) -> Iterator[Served]:
+    """`float32` (eager), or `float32+compiled`: its artifact built first, then timed from a warm cache."""
+    dtype, _, compiled = variant.partition("+")
+    settings: dict[str, object] = {"dtype": dtype}
+    if compiled:
+        settings.update(compile="required", compile_cache=log.parent / "compile-cache")
+        ServerProcess(MODEL, log, log_level="warning", **settings).wait_ready(timeout=1200).stop()
     started = time.monotonic()
-    server = ServerProcess(MODEL, log, log_level="warning", dtype=dtype).wait_ready()
+    server = ServerProcess(MODEL, log, log_level="warning", **settings).wait_ready()
     ready = time.monotonic() - started
     server.wait_engines()
     try:
@@ -102,7 +110,9 @@ def peer(command: str, name: str, health: str, log: Path) -> Iterator[Served]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--warmpool", default="float32", help="warmpool's dtypes, comma-separated")
+    parser.add_argument(
+        "--warmpool", default="float32", help="warmpool's dtypes, comma-separated; DTYPE+compiled: compiled engines"
+    )
     parser.add_argument("--peer", action="append", default=[], help="NAME=COMMAND (repeatable)")
     parser.add_argument("--peer-health", default="/health")
     parser.add_argument("--clients", default="1,32")

@@ -140,8 +140,8 @@ class Settings(BaseSettings):
         default_factory=lambda: (
             Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "warmpool" / "compile"
         ),
-        description="Folder of compiled artifacts, one per model files, precision, torch version and CPU "
-        "instruction set; a volume here keeps them across restarts. Default: ~/.cache/warmpool/compile.",
+        description="Folder of compiled artifacts, one per model files, precision, torch version, CPU and "
+        "warmpool version; a volume here keeps them across restarts. Default: ~/.cache/warmpool/compile.",
     )
     compile_timeout: float = Field(
         900.0, gt=0, description="Seconds a compile may take; past it the compile is killed and the engine stays eager."

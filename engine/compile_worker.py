@@ -1,6 +1,6 @@
 """The compile worker: builds one model's compiled artifact into the cache, in a process of its own.
 
-`python -m engine.compile_worker FOLDER PRECISION ARTIFACT_DIR`. An engine starts it when the cache
+`python -m engine.compile_worker FOLDER PRECISION ARTIFACT_DIR ENGINE_PID`. An engine starts it when the cache
 misses and keeps serving eager meanwhile; the worker runs at the lowest CPU priority, so its tens
 of seconds of tracing and C++ compiling take only the cycles serving leaves, and it dies with the
 engine that started it. Engines of one model start one each: the first takes the artifact's lock
@@ -24,28 +24,61 @@ PR_SET_PDEATHSIG = 1
 
 
 def main(argv: list[str]) -> int:
-    folder, precision, artifact = Path(argv[0]), argv[1], Path(argv[2])
+    folder, precision, artifact, engine = Path(argv[0]), argv[1], Path(argv[2]), int(argv[3])
     os.nice(19)
     # die with the engine that started this: a compile outliving its engine is work nobody waits for
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    artifact.parent.mkdir(parents=True, exist_ok=True)
-    with open(artifact.parent / f"{artifact.name}.lock", "w") as lock:
+    if os.getppid() != engine:  # it died before the line above took effect
+        return 1
+    root = artifact.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{artifact.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if artifact.is_dir():
             return 0  # another engine's worker built it while this one waited
-        for stale in artifact.parent.glob(f".{artifact.name}.*"):  # a killed worker's: the lock says none runs
-            shutil.rmtree(stale, ignore_errors=True)
+        clear_scratch(root, artifact.name)
         started = time.monotonic()
-        scratch = Path(tempfile.mkdtemp(prefix=f".{artifact.name}.", dir=artifact.parent))
+        scratch = Path(tempfile.mkdtemp(prefix=f".{artifact.name}.", dir=root))
         try:
-            # inductor's own caches under the scratch folder: gone with it, never grown without end
+            # inductor's caches and the C++ compiler's temporary files under the scratch folder:
+            # gone with it, never grown without end, never in a small /tmp
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor")
+            os.environ["TMPDIR"] = tempfile.tempdir = str(scratch)
             build(folder, precision, scratch / "artifact")
+            durable(scratch / "artifact")
             os.rename(scratch / "artifact", artifact)
+            durable(root)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         print(f"compiled in {time.monotonic() - started:.1f} s", file=sys.stderr)
     return 0
+
+
+def clear_scratch(root: Path, own: str) -> None:
+    """Remove the scratch folders of killed workers: of this artifact (its lock is held here), and
+    of any other whose lock nobody holds."""
+    for scratch in root.glob(".*.*"):
+        key = scratch.name[1:].split(".", 1)[0]
+        if key == own:
+            shutil.rmtree(scratch, ignore_errors=True)
+            continue
+        with open(root / f"{key}.lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live worker's
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def durable(folder: Path) -> None:
+    """fsync a folder's files and the folder itself: an artifact renamed into place is whole even
+    after a power cut."""
+    for path in [*(p for p in folder.iterdir() if p.is_file()), folder]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def build(folder: Path, precision: str, out: Path) -> None:

@@ -24,12 +24,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.device import cpu_flags
 from engine.packed import Packed
 
 PACKAGE = "model.pt2"
 CONSTANTS = "constants.pt"
-# The engine's own code is part of the key: the graph is traced from it.
-SOURCES = sorted(Path(__file__).parent.glob("*.py"))
+# The engine's own code is part of the key: the graph is traced from it (and from the model folder's reading).
+SOURCES = [
+    *sorted(Path(__file__).parent.glob("*.py")),
+    *(Path(__file__).parents[1] / "common" / name for name in ("modelfolder.py", "splade.py")),
+]
 
 
 _FAKE_REGISTERED = False
@@ -66,13 +70,15 @@ def _inputs(p: Packed) -> list[torch.Tensor]:
 def cache_key(folder: Path, precision: str) -> str:
     """The artifact's name in the cache: the model's files (name, size, modification time), the
     precision, torch's version, the CPU's instruction set and the engine's source. Another model,
-    dtype, torch or CPU misses; a copy of the same files with their times kept hits."""
+    dtype, torch or CPU misses; a copy of the same files with their times kept hits. The instruction
+    set is every CPU flag, not torch's capability level: the C++ is compiled for this CPU
+    (-march=native), and code for one AVX-512 CPU can be an illegal instruction on another."""
     files = sorted(f for f in folder.rglob("*") if f.is_file())
     facts: dict[str, Any] = {
         "files": [[str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns] for f in files],
         "precision": precision,
         "torch": torch.__version__,
-        "isa": [platform.machine(), torch.backends.cpu.get_cpu_capability()],
+        "isa": [platform.machine(), torch.backends.cpu.get_cpu_capability(), sorted(cpu_flags() or [])],
         "engine": hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES)).hexdigest(),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
@@ -123,12 +129,15 @@ class CompiledForward:
         except Exception as exc:  # a torn or foreign file raises whatever its reader raises
             raise CompileError(f"cannot load the compiled artifact in {folder}: {type(exc).__name__}: {exc}") from exc
         have = {**dict(_named_tensors(model)), **extra}
-        wanted = loader.get_constant_fqns()
-        missing = [name for name in wanted if name not in have]
-        if missing:
-            raise CompileError(f"the compiled artifact in {folder} reads tensors this model has not: {missing[:3]}")
-        # user-managed: the package keeps pointers to these tensors, copies nothing
-        loader.load_constants({name: have[name] for name in wanted}, False, True, True)
+        try:
+            wanted = loader.get_constant_fqns()
+            missing = [name for name in wanted if name not in have]
+            if missing:
+                raise CompileError(f"the compiled artifact in {folder} reads tensors this model has not: {missing[:3]}")
+            # user-managed: the package keeps pointers to these tensors, copies nothing
+            loader.load_constants({name: have[name] for name in wanted}, False, True, True)
+        except RuntimeError as exc:  # shapes or dtypes that do not match the model's
+            raise CompileError(f"the compiled artifact in {folder} does not fit this model: {exc}") from exc
         self._loader = loader
         self._keep = extra  # the saved tensors live as long as the package that points at them
 

@@ -4,13 +4,17 @@ With the artifact in the cache the engine loads it before it is ready (a fractio
 serves compiled from its first request. Without, it starts engine/compile_worker.py and serves
 eager; between batches it looks whether the worker is done and switches then, so no batch is cut
 in two. Before it switches it runs one small batch both ways and keeps the compiled forward only if
-the two agree: an artifact that does not load or does not agree leaves the engine eager, with the
-reason in its detail. So does a worker that fails or runs past its deadline (it is killed).
+the two agree. Compiling never fails serving: an artifact that does not load or does not agree
+leaves the engine eager, with the reason in its detail (a cached one is removed and built again),
+and so does a worker that fails or runs past its deadline (it is killed, with its compilers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,37 +40,57 @@ class Compilation:
 
     def __init__(self, model: PoolingModel, cache: Path, timeout_s: float) -> None:
         self.model = model
-        self.artifact = cache / cache_key(model.info.path, model.placement.precision)
+        self.cache = cache
         self.timeout_s = timeout_s
         self.worker: subprocess.Popen[bytes] | None = None
         self.log: Any = None
         self.started = time.monotonic()
-        self.detail: dict[str, Any] = {"mode": "eager", "cache": "miss", "artifact": self.artifact.name}
+        self.artifact: Path | None = None
+        self.detail: dict[str, Any] = {"mode": "eager", "cache": "miss"}
 
     @property
     def pending(self) -> bool:
         return self.worker is not None
 
     def start(self) -> None:
-        """Load the artifact if the cache has it, else start the worker that builds it."""
-        if self.artifact.is_dir():
-            self.detail["cache"] = "hit"
-            self._switch()
-            return
-        self.artifact.parent.mkdir(parents=True, exist_ok=True)
+        """Load the artifact if the cache has it, else start the worker that builds it. Whatever
+        fails here leaves the engine eager, with the reason: compiling never fails serving. An
+        artifact that is there but does not serve is removed and built again."""
+        try:
+            self.artifact = self.cache / cache_key(self.model.info.path, self.model.placement.precision)
+            self.detail["artifact"] = self.artifact.name
+            if self.artifact.is_dir():
+                self.detail["cache"] = "hit"
+                if self._switch():
+                    return
+                self.detail["cache"] = "invalid"  # the reason says why; built again below
+                shutil.rmtree(self.artifact, ignore_errors=True)
+            self._spawn(self.artifact)
+        except Exception as exc:  # an unwritable cache, a vanished model file, ...
+            self._give_up(f"{type(exc).__name__}: {exc}")
+
+    def _spawn(self, artifact: Path) -> None:
+        artifact.parent.mkdir(parents=True, exist_ok=True)
         command = [
             sys.executable,
             "-m",
             "engine.compile_worker",
             str(self.model.info.path),
             self.model.placement.precision,
-            str(self.artifact),
+            str(artifact),
+            str(os.getpid()),
         ]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
         # the worker's output, for the reason a failed compile gives: unnamed, gone with the engine
-        self.log = tempfile.TemporaryFile(dir=self.artifact.parent)  # noqa: SIM115  (kept for _log_tail)
+        self.log = tempfile.TemporaryFile(dir=artifact.parent)  # noqa: SIM115  (kept for _log_tail)
+        # its own process group: killing it kills the compilers it runs too
         self.worker = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
         self.detail["compiling"] = True
 
@@ -75,18 +99,21 @@ class Compilation:
         worker = self.worker
         if worker is None:
             return False
-        code = worker.poll()
-        if code is None:
-            if time.monotonic() - self.started <= self.timeout_s:
-                return False
-            worker.kill()
-            worker.wait()
-            self._give_up(f"the compile ran past WARMPOOL_COMPILE_TIMEOUT ({self.timeout_s:g} s); killed")
-            return True
-        if code != 0:
-            self._give_up(f"the compile worker exited with {code}: {self._log_tail()}")
-            return True
-        self._switch()
+        try:
+            code = worker.poll()
+            if code is None:
+                if time.monotonic() - self.started <= self.timeout_s:
+                    return False
+                self.stop()
+                self._give_up(f"the compile ran past WARMPOOL_COMPILE_TIMEOUT ({self.timeout_s:g} s); killed")
+                return True
+            if code != 0:
+                self._give_up(f"the compile worker exited with {code}: {self._log_tail()}")
+                return True
+            self.worker = None
+            self._switch()
+        except Exception as exc:
+            self._give_up(f"{type(exc).__name__}: {exc}")
         return True
 
     def wait(self) -> None:
@@ -95,23 +122,30 @@ class Compilation:
             time.sleep(0.1)  # polling a child's exit: no condition to wait on but the exit itself
 
     def stop(self) -> None:
-        if self.worker is not None and self.worker.poll() is None:
-            self.worker.kill()
-            self.worker.wait()
+        """Kill the worker and the compilers it runs, if it still runs."""
+        worker = self.worker
+        if worker is not None and worker.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
 
-    def _switch(self) -> None:
+    def _switch(self) -> bool:
+        """Load the artifact and use it if it agrees with eager; else say why (False)."""
         self.worker = None
         self.detail.pop("compiling", None)
         loaded = time.monotonic()
+        assert self.artifact is not None
         try:
             compiled = CompiledForward(self.artifact, self.model.model)
             self._check(compiled)
         except CompileError as exc:
             self.detail["reason"] = str(exc)
-            return
+            return False
         self.model.compiled = compiled
+        self.detail.pop("reason", None)
         self.detail.update(mode="compiled", load_s=round(time.monotonic() - loaded, 3))
         self.detail["seconds"] = round(time.monotonic() - self.started, 1)
+        return True
 
     def _check(self, compiled: CompiledForward) -> None:
         token = self.model.pad_id + 1
@@ -119,7 +153,7 @@ class Compilation:
         with torch.inference_mode():
             try:
                 got = compiled(packed).float()
-            except Exception as exc:
+            except Exception as exc:  # whatever the package's runtime raises
                 raise CompileError(f"the compiled forward failed: {type(exc).__name__}: {exc}") from exc
             want = self.model.model(packed).float()
         limit = AGREE.get(self.model.placement.precision, 1e-1)
@@ -129,9 +163,11 @@ class Compilation:
     def _give_up(self, reason: str) -> None:
         self.worker = None
         self.detail.pop("compiling", None)
-        self.detail["reason"] = reason
+        self.detail.update(mode="eager", reason=reason)
 
     def _log_tail(self) -> str:
+        if self.log is None:
+            return "no output"
         self.log.seek(0)
         lines = self.log.read().decode(errors="replace").strip().splitlines()
         return lines[-1][-300:] if lines else "no output"

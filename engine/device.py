@@ -102,12 +102,17 @@ def cpu_has_int8() -> bool:
     flags; True where they cannot be read). Without them torch._int_mm falls back to a kernel that ran
     a 384 x 384 x 1536 product in 131 ms against float32's 4.6 ms on 2 AVX2 cores, and an int8 engine
     served 0.05x float32's inputs/s (bench.peers)."""
+    flags = cpu_flags()
+    return flags is None or any(flag in flags for flag in INT8_FLAGS)
+
+
+def cpu_flags() -> list[str] | None:
+    """The CPU's instruction-set flags (Linux's /proc/cpuinfo), None where they cannot be read."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return True
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), None)
-    return flags is None or any(flag in flags for flag in INT8_FLAGS)
+        return None
+    return next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), None)
 
 
 def dtype_label(dtype: str) -> str:

@@ -92,7 +92,13 @@ def attend(
     the lengths tensor, so the graph around it is free of Python ints and serves every batch shape."""
     if torch.compiler.is_compiling():
         return torch.ops.warmpool.attend(q, k, v, p.lengths, bias, scale, causal, -1 if reach is None else reach)
-    return _attend_spans(q, k, v, p.spans, bias, scale, causal, reach)
+    mask = bias
+    if reach is not None:  # one band per forward, not per layer: long inputs make it megabytes
+        key = ("band", reach, q.device, None if bias is None else id(bias))
+        if key not in p.memo:
+            p.memo[key] = band_mask(max(length for _, length in p.spans), reach, q.device, bias)
+        mask = p.memo[key]
+    return _attend_spans(q, k, v, p.spans, mask, scale, causal)
 
 
 def _attend_spans(
@@ -100,13 +106,11 @@ def _attend_spans(
     k: torch.Tensor,
     v: torch.Tensor,
     spans: list[tuple[int, int]],
-    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
     scale: float | None,
     causal: bool,
-    reach: int | None,
 ) -> torch.Tensor:
     tokens, heads, size = q.shape
-    mask = band_mask(max(length for _, length in spans), reach, q.device, bias)
     out = q.new_empty((tokens, heads * size))
     for start, length in spans:
         end = start + length
@@ -156,7 +160,8 @@ def _attend_op(
 ) -> torch.Tensor:
     ends = torch.cumsum(lengths, 0).tolist()
     spans = [(end - n, n) for end, n in zip(ends, lengths.tolist(), strict=True)]
-    return _attend_spans(q, k, v, spans, bias, scale, causal, None if reach < 0 else reach)
+    mask = band_mask(max(n for _, n in spans), None if reach < 0 else reach, q.device, bias)
+    return _attend_spans(q, k, v, spans, mask, scale, causal)
 
 
 _LIBRARY.impl("attend", _attend_op, "CompositeExplicitAutograd")

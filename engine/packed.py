@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,6 +21,7 @@ class Packed:
     starts: torch.Tensor  # [B]
     lengths: torch.Tensor  # [B]
     spans: list[tuple[int, int]]  # (start, length) of each input, as Python ints
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False)  # what one forward computes once (attend)
 
     @property
     def batch(self) -> int:

@@ -67,6 +67,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
         share.working()
         warmup = model.warm_up()
         overhead = warmup.overhead_tokens
+        warmup_s = time.monotonic() - loaded
         compilation = _compile(conn, model, spec)
         share.idle()
         send(
@@ -74,7 +75,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
             (
                 Msg.READY,
                 {
-                    "warmup_s": round(time.monotonic() - loaded, 3),
+                    "warmup_s": round(warmup_s, 3),
                     **({"waited_for_idle_s": round(waited, 3)} if spec.quiet_wait_s else {}),
                     "call_overhead_tokens": round(overhead, 1),
                     "ms_per_token": round(warmup.per_token_s * 1000, 4),
@@ -106,7 +107,10 @@ def _compile(conn: Connection, model: PoolingModel, spec: EngineSpec) -> Compila
     if spec.compile == "off":
         return {"mode": "eager", "reason": "WARMPOOL_COMPILE=off"}
     if not model.packed or model.placement.device.type != "cpu" or spec.compile_cache is None:
-        return {"mode": "eager", "reason": "compiled engines are for native families on the CPU"}
+        reason = "compiled engines are for native families on the CPU"
+        if spec.compile == "required":
+            raise ModelError(f"WARMPOOL_COMPILE=required, but {reason} (this one: {_kind(model)})")
+        return {"mode": "eager", "reason": reason}
     compilation = Compilation(model, spec.compile_cache, spec.compile_timeout_s)
     compilation.start()
     if spec.compile == "required" and compilation.pending:
@@ -115,6 +119,10 @@ def _compile(conn: Connection, model: PoolingModel, spec: EngineSpec) -> Compila
     if spec.compile == "required" and compilation.detail["mode"] != "compiled":
         raise ModelError(f"WARMPOOL_COMPILE=required, but {compilation.detail.get('reason')}")
     return compilation
+
+
+def _kind(model: PoolingModel) -> str:
+    return f"{'native' if model.packed else 'transformers'} on {model.placement.device.type}"
 
 
 def serve_batches(

@@ -51,6 +51,7 @@ class EngineWiring:
 
     def engine_lost(self, slot: int) -> None:
         assert self.supervisor is not None
+        self.engine_compile(slot, None)  # compiled or not, it serves nothing now
         self.supervisor.engine_lost(slot)
 
     def engine_stalled(self, slot: int, seconds: float) -> None:
@@ -63,22 +64,29 @@ class EngineWiring:
         # the stall timeout on a loaded machine, readiness flapped (the chaos test, 2 cores).
         self.phases.update("engine", stalled=slots)
 
-    def engine_compile(self, slot: int, detail: dict[str, Any]) -> None:
-        """The compile phase from every engine's last word: running while any compiles, done once
-        all are compiled, else skipped with the reason an engine stayed eager."""
+    def engine_compile(self, slot: int, detail: dict[str, Any] | None) -> None:
+        """The compile phase from every engine's last word (None: the engine is gone): running
+        while any compiles, done once every configured engine is compiled, else skipped with the
+        reason an engine stayed eager."""
         with self._compiles_lock:
-            self._compiles[slot] = detail
+            if detail is None:
+                self._compiles.pop(slot, None)
+            else:
+                self._compiles[slot] = detail
             engines = {str(s): d for s, d in sorted(self._compiles.items())}
+            configured = self.supervisor.count if self.supervisor is not None else len(engines)
             if any(d.get("compiling") for d in engines.values()):
                 if self.phases.state("compile") == "running":
                     self.phases.update("compile", engines=engines)
                 else:
                     self.phases.start("compile", engines=engines)
-            elif all(d.get("mode") == "compiled" for d in engines.values()):
-                self.phases.done("compile", engines=engines)
-            else:
-                reason = next((str(d["reason"]) for d in engines.values() if d.get("reason")), "eager")
+            elif any(d.get("reason") for d in engines.values()):
+                reason = next(str(d["reason"]) for d in engines.values() if d.get("reason"))
                 self.phases.skip("compile", reason, engines=engines)
+            elif len(engines) == configured and engines:
+                self.phases.done("compile", engines=engines)
+            else:  # some engines not (back) yet: they report when they are
+                self.phases.update("compile", engines=engines)
 
     # SupervisorEvents (supervisor threads)
     def engine_ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:

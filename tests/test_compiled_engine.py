@@ -13,6 +13,7 @@ os.environ["DO_NOT_TRACK"] = "1"
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -74,6 +75,25 @@ def test_compiled_forward_gives_the_eager_engines_numbers(
     np.testing.assert_allclose(compiled, eager, atol=1e-5, rtol=1e-6)
 
 
+def finished(proc: ServerProcess) -> dict[str, Any] | None:
+    """The compile phase once it is done or skipped (every engine compiled, or one eager for good)."""
+    phase = proc.phase("compile")
+    return phase if phase["state"] in ("done", "skipped") else None
+
+
+def workers(cache: Path) -> list[int]:
+    """Compile workers building into `cache`, by their command lines."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            line = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"engine.compile_worker" in line and any(str(cache).encode() in part for part in line):
+            found.append(int(proc.name))
+    return found
+
+
 def embed(client: httpx.Client, texts: list[str]) -> np.ndarray:
     response = client.post("/v1/embeddings", json={"input": texts, "model": "m"})
     assert response.status_code == 200, response.text
@@ -121,7 +141,7 @@ def test_a_cold_cache_serves_eager_at_once_then_switches_under_load(
         for thread in threads:
             thread.start()
         try:
-            phase = wait_for(lambda: (p := proc.phase("compile"))["state"] != "running" and p, COMPILE_S, "the compile")
+            phase = wait_for(lambda: finished(proc), COMPILE_S, "the compile")
         finally:
             done.set()
             for thread in threads:
@@ -137,27 +157,30 @@ def test_a_cold_cache_serves_eager_at_once_then_switches_under_load(
 
 
 def test_a_warm_cache_serves_compiled_from_the_first_request(tiny: TinyFolders, cache: Path, tmp_path: Path) -> None:
-    """On the next start with the same cache, every engine loaded the artifact before the server was
-    ready: the compile phase is done (a cache hit) when readiness first answers 200."""
+    """On the next start with the same cache, every engine up when readiness first answers 200 has
+    loaded the artifact (a cache hit) and serves compiled; once the second engine is up, the compile
+    phase is done."""
     with serving(
         tiny["gte"],
         tmp_path / "warm.log",
         compile="auto",
         compile_cache=cache,
         long_inputs="truncate",
+        engines=2,
         served_model_name="m",
     ) as proc:
-        phase = proc.phase("compile")
-        assert phase["state"] == "done", phase
-        assert [(d["mode"], d["cache"]) for d in phase["detail"]["engines"].values()] == [("compiled", "hit")]
+        engines = proc.phase("compile")["detail"]["engines"]
+        assert engines and {(d["mode"], d["cache"]) for d in engines.values()} == {("compiled", "hit")}, engines
         embed(proc.client, TEXTS)
+        phase = wait_for(lambda: finished(proc), 60, "the second engine")
+        assert phase["state"] == "done" and len(phase["detail"]["engines"]) == 2, phase
 
 
 def test_a_corrupt_artifact_leaves_the_engine_eager_with_a_reason(
     tiny: TinyFolders, cache: Path, tmp_path: Path
 ) -> None:
-    """A cached artifact that does not load is not a failed start: the server serves eager, and the
-    compile phase is skipped with why."""
+    """A cached artifact that does not load is not a failed start: the engine serves eager, says why
+    (cache "invalid"), and builds the artifact again."""
     for artifact in cache.iterdir():
         if artifact.is_dir():
             (artifact / "model.pt2").write_bytes(b"not a package")
@@ -167,12 +190,17 @@ def test_a_corrupt_artifact_leaves_the_engine_eager_with_a_reason(
         compile="auto",
         compile_cache=cache,
         long_inputs="truncate",
+        engines=1,
         served_model_name="m",
     ) as proc:
         phase = proc.phase("compile")
-        assert phase["state"] == "skipped" and "cannot load the compiled artifact" in phase["detail"]["reason"], phase
+        engine = phase["detail"]["engines"]["0"]
+        assert phase["state"] == "running" and engine["mode"] == "eager" and engine["cache"] == "invalid", phase
+        assert "cannot load the compiled artifact" in engine["reason"] and engine["compiling"], engine
         assert 'warmpool_engines_compiled{model="m"} 0.0' in proc.client.get("/metrics").text
         embed(proc.client, TEXTS)
+    # stopped mid-compile: the worker went with its engine
+    assert wait_for(lambda: not workers(cache), 10, "the compile worker gone")
 
 
 def test_compile_required_holds_readiness_until_compiled(tiny: TinyFolders, tmp_path: Path) -> None:

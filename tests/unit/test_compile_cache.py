@@ -76,20 +76,23 @@ def test_a_corrupt_package_is_a_compile_error_naming_it(tmp_path: Path, model_di
         CompiledForward(artifact, model.model)
 
 
-def test_a_corrupt_cached_artifact_leaves_the_engine_eager(tmp_path: Path, model_dir: Path) -> None:
-    """A cache hit that does not load: no worker started, the engine eager, the reason in its detail."""
+def test_a_corrupt_cached_artifact_leaves_the_engine_eager_and_is_built_again(tmp_path: Path, model_dir: Path) -> None:
+    """A cache hit that does not load: the engine eager, the reason in its detail (cache "invalid"),
+    the artifact removed and a worker started to build it again; stopped, the worker is gone."""
     model = PoolingModel(read_model_folder(model_dir), threads=1)
+    artifact = corrupt_artifact(tmp_path / cache_key(model_dir, "float32"))
     compilation = Compilation(model, tmp_path, 60)
-    corrupt_artifact(compilation.artifact)
     compilation.start()
-    assert not compilation.pending and model.compiled is None
-    assert compilation.detail["mode"] == "eager" and compilation.detail["cache"] == "hit"
+    assert model.compiled is None and compilation.detail["mode"] == "eager"
+    assert compilation.detail["cache"] == "invalid" and compilation.detail["compiling"]
     assert "cannot load the compiled artifact" in compilation.detail["reason"]
+    assert not artifact.exists() and compilation.worker is not None
+    compilation.stop()
+    assert compilation.worker.returncode is not None
 
 
 def test_a_compile_past_its_deadline_is_killed_and_the_engine_stays_eager(tmp_path: Path, model_dir: Path) -> None:
-    """The worker is killed at the first look past WARMPOOL_COMPILE_TIMEOUT; nothing is left behind
-    in the cache but its lock."""
+    """The worker is killed at the first look past WARMPOOL_COMPILE_TIMEOUT: no artifact."""
     model = PoolingModel(read_model_folder(model_dir), threads=1)
     compilation = Compilation(model, tmp_path, 0.0)
     compilation.start()
@@ -98,7 +101,17 @@ def test_a_compile_past_its_deadline_is_killed_and_the_engine_stays_eager(tmp_pa
     assert compilation.poll() is True
     assert worker.returncode is not None and worker.returncode < 0  # killed, not finished
     assert "WARMPOOL_COMPILE_TIMEOUT" in compilation.detail["reason"] and model.compiled is None
-    assert not compilation.artifact.exists()
+    assert compilation.artifact is not None and not compilation.artifact.exists()
+
+
+def test_an_unwritable_cache_leaves_the_engine_eager(tmp_path: Path, model_dir: Path) -> None:
+    """A cache folder that cannot be made (here: under a file) is a reason, not a failed start."""
+    model = PoolingModel(read_model_folder(model_dir), threads=1)
+    (tmp_path / "file").write_text("")
+    compilation = Compilation(model, tmp_path / "file" / "cache", 60)
+    compilation.start()
+    assert not compilation.pending and model.compiled is None and compilation.detail["mode"] == "eager"
+    assert compilation.detail["reason"].startswith(("NotADirectoryError", "FileExistsError")), compilation.detail
 
 
 def test_a_failed_compile_says_why(tmp_path: Path, folder: Path) -> None:
