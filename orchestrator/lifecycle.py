@@ -66,15 +66,14 @@ class EngineWiring:
 
     def engine_compile(self, slot: int, detail: dict[str, Any] | None) -> None:
         """The compile phase from every engine's last word (None: the engine is gone): running
-        while any compiles, done once every configured engine is compiled, else skipped with the
-        reason an engine stayed eager."""
+        while any compiles, done while every engine up is compiled (one started later reports in
+        turn), else skipped with the reason an engine stayed eager."""
         with self._compiles_lock:
             if detail is None:
                 self._compiles.pop(slot, None)
             else:
                 self._compiles[slot] = detail
             engines = {str(s): d for s, d in sorted(self._compiles.items())}
-            configured = self.supervisor.count if self.supervisor is not None else len(engines)
             if any(d.get("compiling") for d in engines.values()):
                 if self.phases.state("compile") == "running":
                     self.phases.update("compile", engines=engines)
@@ -83,10 +82,8 @@ class EngineWiring:
             elif any(d.get("reason") for d in engines.values()):
                 reason = next(str(d["reason"]) for d in engines.values() if d.get("reason"))
                 self.phases.skip("compile", reason, engines=engines)
-            elif len(engines) == configured and engines:
+            elif engines:
                 self.phases.done("compile", engines=engines)
-            else:  # some engines not (back) yet: they report when they are
-                self.phases.update("compile", engines=engines)
 
     # SupervisorEvents (supervisor threads)
     def engine_ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:

@@ -158,8 +158,8 @@ def test_a_cold_cache_serves_eager_at_once_then_switches_under_load(
 
 def test_a_warm_cache_serves_compiled_from_the_first_request(tiny: TinyFolders, cache: Path, tmp_path: Path) -> None:
     """On the next start with the same cache, every engine up when readiness first answers 200 has
-    loaded the artifact (a cache hit) and serves compiled; once the second engine is up, the compile
-    phase is done."""
+    loaded the artifact (a cache hit) and serves compiled: the compile phase is done; so is the
+    second engine once it is up."""
     with serving(
         tiny["gte"],
         tmp_path / "warm.log",
@@ -169,11 +169,12 @@ def test_a_warm_cache_serves_compiled_from_the_first_request(tiny: TinyFolders, 
         engines=2,
         served_model_name="m",
     ) as proc:
-        engines = proc.phase("compile")["detail"]["engines"]
-        assert engines and {(d["mode"], d["cache"]) for d in engines.values()} == {("compiled", "hit")}, engines
+        phase = proc.phase("compile")
+        engines = phase["detail"]["engines"]
+        assert phase["state"] == "done" and {(d["mode"], d["cache"]) for d in engines.values()} == {("compiled", "hit")}
         embed(proc.client, TEXTS)
-        phase = wait_for(lambda: finished(proc), 60, "the second engine")
-        assert phase["state"] == "done" and len(phase["detail"]["engines"]) == 2, phase
+        both = wait_for(lambda: len((p := proc.phase("compile"))["detail"]["engines"]) == 2 and p, 60, "engine 1")
+        assert both["state"] == "done" and {d["cache"] for d in both["detail"]["engines"].values()} == {"hit"}, both
 
 
 def test_a_corrupt_artifact_leaves_the_engine_eager_with_a_reason(
