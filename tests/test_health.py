@@ -6,6 +6,8 @@ from tests.server_process import ServerProcess
 
 
 def test_every_phase_has_finished_with_durations(server: ServerProcess) -> None:
+    """Every phase is done, with times; compile is skipped with its reason (the test servers'
+    WARMPOOL_COMPILE=off: tests/test_compiled_engine.py compiles)."""
     r = server.get("/health/startup")
     assert r.status_code == 200
     body = r.json()
@@ -13,7 +15,7 @@ def test_every_phase_has_finished_with_durations(server: ServerProcess) -> None:
     names = [p["name"] for p in body["phases"]]
     assert names == ["bind", "prefetch", "forkserver", "engine", "warmup", "compile", "ready"]
     for phase in body["phases"]:
-        assert phase["state"] == "done", phase
+        assert phase["state"] == ("skipped" if phase["name"] == "compile" else "done"), phase
         assert phase["started_s"] >= 0 and phase["duration_s"] >= 0, phase
 
 

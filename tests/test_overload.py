@@ -100,6 +100,7 @@ def test_metrics_move_by_exactly_the_requests_made(server: ServerProcess) -> Non
         "forkserver",
         "engine",
         "warmup",
+        "compile",
         "ready",
     }
     prefetch = server.phase("prefetch")["detail"]  # what it read: what it found in the page cache it did not
