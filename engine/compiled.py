@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -120,14 +121,24 @@ def _named_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 class CompiledForward:
-    """A built package run on `model`'s own weights: called like the model, on a Packed."""
+    """A built package run on `model`'s own weights: called like the model, on a Packed. The loader
+    unpacks the package's shared object into `unpack` (under TMPDIR, its only way to be told) and
+    removes it when this object goes: not /tmp, which containers mount noexec."""
 
-    def __init__(self, folder: Path, model: nn.Module) -> None:
+    def __init__(self, folder: Path, model: nn.Module, unpack: Path) -> None:
+        saved = os.environ.get("TMPDIR")
         try:
+            unpack.mkdir(parents=True, exist_ok=True)
+            os.environ["TMPDIR"] = str(unpack)
             loader = torch._C._aoti.AOTIModelPackageLoader(str(folder / PACKAGE), "model", False, 1, -1)
             extra = torch.load(folder / CONSTANTS, weights_only=True)
         except Exception as exc:  # a torn or foreign file raises whatever its reader raises
             raise CompileError(f"cannot load the compiled artifact in {folder}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if saved is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = saved
         have = {**dict(_named_tensors(model)), **extra}
         try:
             wanted = loader.get_constant_fqns()

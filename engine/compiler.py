@@ -33,6 +33,7 @@ from engine.packed import Packed
 AGREE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 1e-1, "int8": 1e-1}
 CHECK_LENGTHS = (5, 11)
 ROOT = str(Path(__file__).resolve().parent.parent)  # where `engine` is importable from
+UNPACKED = ".unpacked"  # in the cache: each engine's loaded packages, in a folder named by its pid
 
 
 class Compilation:
@@ -47,6 +48,7 @@ class Compilation:
         self.started = time.monotonic()
         self.artifact: Path | None = None
         self.detail: dict[str, Any] = {"mode": "eager", "cache": "miss"}
+        self.unpacked = cache / UNPACKED
 
     @property
     def pending(self) -> bool:
@@ -57,6 +59,7 @@ class Compilation:
         fails here leaves the engine eager, with the reason: compiling never fails serving. An
         artifact that is there but does not serve is removed and built again."""
         try:
+            _clear_unpacked(self.unpacked)
             self.artifact = self.cache / cache_key(self.model.info.path, self.model.placement.precision)
             self.detail["artifact"] = self.artifact.name
             if self.artifact.is_dir():
@@ -136,7 +139,7 @@ class Compilation:
         loaded = time.monotonic()
         assert self.artifact is not None
         try:
-            compiled = CompiledForward(self.artifact, self.model.model)
+            compiled = CompiledForward(self.artifact, self.model.model, self.unpacked / str(os.getpid()))
             self._check(compiled)
         except CompileError as exc:
             self.detail["reason"] = str(exc)
@@ -171,3 +174,15 @@ class Compilation:
         self.log.seek(0)
         lines = self.log.read().decode(errors="replace").strip().splitlines()
         return lines[-1][-300:] if lines else "no output"
+
+
+def _clear_unpacked(root: Path) -> None:
+    """Remove what killed engines unpacked (their loaders never ran their cleanup): folders named
+    by a pid no process has."""
+    for folder in root.glob("*") if root.is_dir() else []:
+        try:
+            os.kill(int(folder.name), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue  # not ours, or a live process of another user

@@ -68,7 +68,7 @@ def test_compiled_forward_gives_the_eager_engines_numbers(
     model = PoolingModel(read_model_folder(folder), threads=1)
     eager = eager_answers(folder, model)
     build_package(model.model, Packed.of([Tokens([5] * n) for n in (3, 5, 9)]), tmp_path / "artifact")
-    model.compiled = CompiledForward(tmp_path / "artifact", model.model)
+    model.compiled = CompiledForward(tmp_path / "artifact", model.model, tmp_path / "unpacked")
     compiled = eager_answers(folder, model)
     assert compiled.shape == eager.shape
     assert not np.array_equal(eager, np.zeros_like(eager))

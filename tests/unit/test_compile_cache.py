@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from common.modelfolder import read_model_folder
 from engine import compiled
 from engine.compiled import CompiledForward, CompileError, cache_key
-from engine.compiler import Compilation
+from engine.compiler import UNPACKED, Compilation
 from engine.model import PoolingModel
 
 
@@ -73,7 +74,7 @@ def test_a_corrupt_package_is_a_compile_error_naming_it(tmp_path: Path, model_di
     model = PoolingModel(read_model_folder(model_dir), threads=1)
     artifact = corrupt_artifact(tmp_path / "artifact")
     with pytest.raises(CompileError, match=r"cannot load the compiled artifact in .*artifact"):
-        CompiledForward(artifact, model.model)
+        CompiledForward(artifact, model.model, tmp_path / "unpacked")
 
 
 def test_a_corrupt_cached_artifact_leaves_the_engine_eager_and_is_built_again(tmp_path: Path, model_dir: Path) -> None:
@@ -125,3 +126,18 @@ def test_a_failed_compile_says_why(tmp_path: Path, folder: Path) -> None:
     assert model.compiled is None and compilation.detail["mode"] == "eager"
     assert compilation.detail["reason"].startswith("the compile worker exited with 1: "), compilation.detail
     assert compilation.detail["reason"] != "the compile worker exited with 1: no output"
+
+
+def test_what_a_killed_engine_unpacked_is_removed_and_a_live_ones_kept(tmp_path: Path, model_dir: Path) -> None:
+    """An engine's loaded package lives unpacked under the cache's .unpacked/PID (not /tmp, which
+    containers mount noexec); a later engine removes the folders of pids no process has."""
+    model = PoolingModel(read_model_folder(model_dir), threads=1)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for pid in (dead.pid, os.getpid()):
+        (tmp_path / UNPACKED / str(pid) / "aotinductor_x").mkdir(parents=True)
+    compilation = Compilation(model, tmp_path, 60)
+    compilation.start()
+    compilation.stop()  # the cache missed: a worker was started
+    assert not (tmp_path / UNPACKED / str(dead.pid)).exists()
+    assert (tmp_path / UNPACKED / str(os.getpid()) / "aotinductor_x").is_dir()
