@@ -68,7 +68,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
         warmup = model.warm_up()
         overhead = warmup.overhead_tokens
         warmup_s = time.monotonic() - loaded
-        compilation = _compile(conn, model, spec)
+        compilation, compile_detail = _compile(conn, model, spec)
         share.idle()
         send(
             conn,
@@ -82,7 +82,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                     # the most tokens one answer can wait on: the stall watchdog's yardstick
                     "group_tokens": max(GROUP_TOKENS, info.max_model_len) if model.packed else spec.max_batch_tokens,
                     **warmup.detail,
-                    "compile": compilation.detail if isinstance(compilation, Compilation) else compilation,
+                    "compile": compile_detail,
                 },
             ),
         )
@@ -93,24 +93,22 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
         send(conn, (Msg.FAILED, (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
         return
     try:
-        serve_batches(
-            conn, model, spec, overhead, share, heap, compilation if isinstance(compilation, Compilation) else None
-        )
+        serve_batches(conn, model, spec, overhead, share, heap, compilation)
     finally:
-        if isinstance(compilation, Compilation):
+        if compilation is not None:
             compilation.stop()
 
 
-def _compile(conn: Connection, model: PoolingModel, spec: EngineSpec) -> Compilation | dict[str, Any]:
-    """The engine's compilation, started (engine/compiler.py); or, where there is none, why not.
-    Under WARMPOOL_COMPILE=required, finished: the engine is not ready before."""
+def _compile(conn: Connection, model: PoolingModel, spec: EngineSpec) -> tuple[Compilation | None, dict[str, Any]]:
+    """The engine's compilation, started (engine/compiler.py), and its detail for READY; where there
+    is none, None and why not. Under WARMPOOL_COMPILE=required, finished: the engine is not ready before."""
     if spec.compile == "off":
-        return {"mode": "eager", "reason": "WARMPOOL_COMPILE=off"}
+        return None, {"mode": "eager", "reason": "WARMPOOL_COMPILE=off"}
     if not model.packed or model.placement.device.type != "cpu" or spec.compile_cache is None:
         reason = "compiled engines are for native families on the CPU"
         if spec.compile == "required":
             raise ModelError(f"WARMPOOL_COMPILE=required, but {reason} (this one: {_kind(model)})")
-        return {"mode": "eager", "reason": reason}
+        return None, {"mode": "eager", "reason": reason}
     compilation = Compilation(model, spec.compile_cache, spec.compile_timeout_s)
     compilation.start()
     if spec.compile == "required" and compilation.pending:
@@ -118,7 +116,7 @@ def _compile(conn: Connection, model: PoolingModel, spec: EngineSpec) -> Compila
         compilation.wait()
     if spec.compile == "required" and compilation.detail["mode"] != "compiled":
         raise ModelError(f"WARMPOOL_COMPILE=required, but {compilation.detail.get('reason')}")
-    return compilation
+    return compilation, compilation.detail
 
 
 def _kind(model: PoolingModel) -> str:

@@ -43,6 +43,7 @@ TEXTS = [
     "naïve café 日本語 🙂",
     "the warm pool engine keeps models loaded " * 20,
 ]
+SERVED = {"long_inputs": "truncate", "served_model_name": "m"}  # TEXTS' long one cut; embed()'s model name
 COMPILE_S = 300  # a tiny model compiles in 15-30 s on 2 cores; the deadline is for a loaded machine
 
 
@@ -114,15 +115,7 @@ def test_a_cold_cache_serves_eager_at_once_then_switches_under_load(
     switch; then the compile phase is done with every engine compiled, and the metric says so."""
     folder = tiny["gte"]
     expected = normalize(eager_answers(folder))
-    with serving(
-        folder,
-        tmp_path / "cold.log",
-        compile="auto",
-        compile_cache=cache,
-        long_inputs="truncate",
-        engines=2,
-        served_model_name="m",
-    ) as proc:
+    with serving(folder, tmp_path / "cold.log", compile="auto", compile_cache=cache, engines=2, **SERVED) as proc:
         phase = proc.phase("compile")
         assert phase["state"] == "running" and {d["mode"] for d in phase["detail"]["engines"].values()} == {"eager"}
         answers, failures, done = [0], [], threading.Event()
@@ -160,15 +153,7 @@ def test_a_warm_cache_serves_compiled_from_the_first_request(tiny: TinyFolders, 
     """On the next start with the same cache, every engine up when readiness first answers 200 has
     loaded the artifact (a cache hit) and serves compiled: the compile phase is done; so is the
     second engine once it is up."""
-    with serving(
-        tiny["gte"],
-        tmp_path / "warm.log",
-        compile="auto",
-        compile_cache=cache,
-        long_inputs="truncate",
-        engines=2,
-        served_model_name="m",
-    ) as proc:
+    with serving(tiny["gte"], tmp_path / "warm.log", compile="auto", compile_cache=cache, engines=2, **SERVED) as proc:
         phase = proc.phase("compile")
         engines = phase["detail"]["engines"]
         assert phase["state"] == "done" and {(d["mode"], d["cache"]) for d in engines.values()} == {("compiled", "hit")}
@@ -186,13 +171,7 @@ def test_a_corrupt_artifact_leaves_the_engine_eager_with_a_reason(
         if artifact.is_dir():
             (artifact / "model.pt2").write_bytes(b"not a package")
     with serving(
-        tiny["gte"],
-        tmp_path / "corrupt.log",
-        compile="auto",
-        compile_cache=cache,
-        long_inputs="truncate",
-        engines=1,
-        served_model_name="m",
+        tiny["gte"], tmp_path / "corrupt.log", compile="auto", compile_cache=cache, engines=1, **SERVED
     ) as proc:
         phase = proc.phase("compile")
         engine = phase["detail"]["engines"]["0"]
@@ -214,8 +193,7 @@ def test_compile_required_holds_readiness_until_compiled(tiny: TinyFolders, tmp_
         tmp_path / "required.log",
         compile="required",
         compile_cache=tmp_path / "cache",
-        long_inputs="truncate",
-        served_model_name="m",
+        **SERVED,
     )
     try:
         running = wait_for(lambda: proc.phase("compile")["state"] == "running", 60, "the compile phase running")
