@@ -7,6 +7,7 @@ To compare code, run B from another source tree, e.g. a worktree of the base com
     git worktree add /tmp/base HEAD~1 && .venv/bin/python -m bench.paired --b-source /tmp/base
 Usage: .venv/bin/python -m bench.paired [--b engines=1] [--b-source DIR] [--a ""] [--rounds 5] [--seconds 5]
        [--clients 32]
+Tracing's cost: --b otlp_endpoint={collector} (an OTLP/HTTP receiver is started for it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from bench.common import MODEL, ROOT, run, sentences
 from bench.load import Window, load
+from tests.otlp_receiver import HttpReceiver
 from tests.server_process import ServerProcess
 
 
@@ -36,6 +38,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     args = parser.parse_args()
     texts = sentences(2000)
+    collector = None
+    if "{collector}" in args.a + args.b:  # an OTLP receiver for tracing's cost: otlp_endpoint={collector}
+        collector = HttpReceiver()
+        args.a, args.b = (text.replace("{collector}", collector.endpoint) for text in (args.a, args.b))
     configs = {"A": settings(args.a), "B": settings(args.b)}
     sources = {"A": ROOT, "B": args.b_source.resolve()}
     if configs["A"] == configs["B"] and sources["A"] == sources["B"]:
@@ -64,6 +70,9 @@ def main() -> None:
         print(f"{name} {cfg or 'defaults'}{where}: {rate:.1f} inputs/s (mean), probe p99 {probe:.1f} ms (median)")
     ratios = [b.inputs_s / a.inputs_s for a, b in zip(results["A"], results["B"], strict=True)]
     print(f"B/A per round: {' '.join(f'{r:.2f}' for r in ratios)}; mean {statistics.mean(ratios):.2f}")
+    if collector is not None:
+        print(f"collector received {len(collector.received.spans)} spans")
+        collector.close()
 
 
 if __name__ == "__main__":

@@ -43,7 +43,20 @@ class Settings(BaseSettings):
         "exit", description="With several models, what a model that fails to start does to the appliance."
     )
     host: str = Field("127.0.0.1", description="Listen address (0.0.0.0 in the image).")
-    port: int = Field(8000, ge=0, le=65535, description="Listen port.")
+    port: int = Field(
+        8000, ge=0, le=65535, description="Listen port (AIP_HTTP_PORT wins when set; 8080 under `serve`)."
+    )
+    health_route: str | None = Field(
+        None,
+        pattern=r"^/",
+        description="Another path answering as /health/ready, open without the API key (AIP_HEALTH_ROUTE sets it).",
+    )
+    predict_route: str | None = Field(
+        None,
+        pattern=r"^/",
+        description="A path answering Vertex AI's predict body: {instances, parameters} to {predictions} "
+        "(AIP_PREDICT_ROUTE sets it).",
+    )
 
     max_batch_tokens: int = Field(16384, ge=1, description="Padded tokens per engine batch.")
     max_batch_size: int = Field(256, ge=1, description="Inputs per engine batch.")
@@ -152,6 +165,15 @@ class Settings(BaseSettings):
 
     api_key: SecretStr | None = Field(None, description="Bearer token required on API routes.")
     api_key_file: Path | None = Field(None, description="File holding the API key (a mounted secret).")
+
+    otlp_endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="OpenTelemetry collector to export traces to (a span per request, one trace per start); "
+        "unset: no tracing. http/protobuf: the base URL (/v1/traces is added), grpc: host:port as a URL.",
+    )
+    otlp_protocol: Literal["http/protobuf", "grpc"] = Field("http/protobuf", description="OTLP transport.")
+    otlp_service_name: str = Field("warmpool", description="service.name of the exported spans.")
 
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     log_format: Literal["auto", "json", "console"] = Field(

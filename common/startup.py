@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -83,6 +84,7 @@ class StartupState:
             self._phases = {name: Phase(name) for name in PHASES}
         self.draining = False
         self._up: dict[str, bool] = {}  # per model (the one model: ""), whether an engine can serve
+        self._watchers: list[Callable[[dict[str, Any]], None]] = []
 
     @property
     def engine_up(self) -> bool:
@@ -143,6 +145,15 @@ class StartupState:
         for other in rest:
             self.skip(other, f"start failed in phase '{name}'")
 
+    def watch(self, watcher: Callable[[dict[str, Any]], None]) -> None:
+        """Call `watcher` with each phase's record as it changes from now on, after every phase as
+        it stands (records as /health/startup shows them); on the thread that moves the phase."""
+        with self._lock:
+            self._watchers.append(watcher)
+            records = [phase.as_dict() for phase in self._phases.values()]
+        for record in records:
+            watcher(record)
+
     def _move(self, name: str, state: State, detail: dict[str, Any], start: bool = False) -> None:
         now = uptime()
         with self._lock:
@@ -155,6 +166,9 @@ class StartupState:
             phase.detail.update(detail)
             phase.duration_s = None if state == "running" else now - phase.started_s
             record = phase.as_dict()
+            watchers = list(self._watchers)
+        for watcher in watchers:
+            watcher(record)
         event = log.error if state == "failed" else log.info
         event(
             "phase",

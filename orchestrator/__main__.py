@@ -6,6 +6,7 @@ The port is bound and answering probes before the web stack and server modules a
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
 import time
@@ -13,6 +14,7 @@ import time
 from common.devices import DeviceError
 from common.settings import ApiKeyError, Settings
 from common.startup import StartupState
+from orchestrator import platforms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(render(), end="")
         return 0
-    settings = Settings(_cli_parse_args=args)  # type: ignore[call-arg]
+    args, fixed = platforms.overrides(args, os.environ)
+    settings = Settings(_cli_parse_args=args, **fixed)  # type: ignore[call-arg]
     # `kill -USR1 PID` writes every thread's stack to stderr: for a process that stops answering,
     # even one whose event loop is blocked (the handler runs in C, in whichever thread gets it)
     faulthandler.register(signal.SIGUSR1, all_threads=True)

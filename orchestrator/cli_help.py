@@ -8,7 +8,7 @@ from common.settings import Settings
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "model": ("model", "served_model_name", "models", "on_model_failure", "device", "dtype", "allow_bin_weights"),
-    "network": ("host", "port"),
+    "network": ("host", "port", "health_route", "predict_route"),
     "limits": (
         "max_batch_tokens",
         "max_batch_size",
@@ -44,7 +44,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "fail_linger",
     ),
     "security": ("api_key", "api_key_file"),
-    "logging": ("log_level", "log_format"),
+    "logging and tracing": ("log_level", "log_format", "otlp_endpoint", "otlp_protocol", "otlp_service_name"),
 }
 
 

@@ -22,6 +22,7 @@ from common.startup import ModelPhases, StartupState
 from orchestrator.binding import EarlyResponder
 from orchestrator.forkserver import StartMethod
 from orchestrator.supervisor import EngineStartError, EngineSupervisor
+from server import tracing
 from server.admission import Admission
 from server.app import create_app, with_middleware
 from server.engine_client import BatchStats, EngineClient
@@ -263,7 +264,9 @@ def run_server(
 ) -> int:
     """Serve on the bound socket until drained or failed; the exit code for the process."""
     executor = ThreadPoolExecutor(settings.executor_threads, thread_name_prefix="warmpool-exec")
-    svc = Services(settings=settings, startup=startup, executor=executor)
+    svc = Services(settings=settings, startup=startup, executor=executor, tracing=tracing.configure(settings))
+    if svc.tracing is not None:
+        svc.tracing.watch_startup(startup)
     svc.configured = [m.model_name for m in models]
     config = uvicorn.Config(
         with_middleware(create_app(svc)),
@@ -281,5 +284,7 @@ def run_server(
     early.stop()
     server.run(sockets=[sock])
     executor.shutdown(wait=False, cancel_futures=True)
+    if svc.tracing is not None:
+        svc.tracing.shutdown()
     log.info("exit", code=server.exit_code)
     return server.exit_code

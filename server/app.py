@@ -5,8 +5,10 @@ from __future__ import annotations
 from importlib import metadata
 
 from fastapi import FastAPI
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
+from common.settings import Settings
 from server import errors
 from server.direct import DirectRoutes
 from server.middleware import ApiKeyGuard, BodyLimit, RequestTracking
@@ -22,6 +24,7 @@ from server.routes import (
     status_page,
     tei,
     tokenize,
+    vertex,
 )
 from server.services import Services
 
@@ -38,9 +41,26 @@ def create_app(svc: Services) -> FastAPI:
     for module in modules:
         app.include_router(module.router)
     app.state.api_routes = [route for module in modules for route in module.router.routes]
+    app.state.api_routes += platform_routes(app, svc.settings)
     # The paths metrics label requests with; anything else is "other", so labels stay bounded.
     app.state.route_paths = {getattr(r, "path", "") for r in app.state.api_routes}
     return app
+
+
+def platform_routes(app: FastAPI, settings: Settings) -> list[BaseRoute]:
+    """The routes a platform names at start (Vertex AI's health and predict routes)."""
+    before = len(app.router.routes)
+    if settings.health_route:
+        app.add_api_route(settings.health_route, health.ready, methods=["GET"], tags=["health"])
+    if settings.predict_route:
+        app.add_api_route(
+            settings.predict_route, vertex.predict, methods=["POST"], tags=["vertex"], openapi_extra=vertex.OPENAPI
+        )
+    return app.router.routes[before:]
+
+
+def probe_paths(settings: Settings) -> tuple[str, ...]:
+    return tuple(path for path in ("/ping", settings.health_route) if path)
 
 
 def with_middleware(app: FastAPI) -> ASGIApp:
@@ -48,6 +68,7 @@ def with_middleware(app: FastAPI) -> ASGIApp:
     svc: Services = app.state.services
     key = svc.settings.resolved_api_key()
     inner: ASGIApp = BodyLimit(DirectRoutes(app, app.state.api_routes), svc)
+    probes = probe_paths(svc.settings)
     if key:
-        inner = ApiKeyGuard(inner, key)
-    return RequestTracking(inner, svc, app.state.route_paths)
+        inner = ApiKeyGuard(inner, key, probes)
+    return RequestTracking(inner, svc, app.state.route_paths, probes)

@@ -23,10 +23,11 @@ access_log = structlog.get_logger("warmpool.access")
 class RequestTracking:
     """Echo or mint x-request-id; count requests in flight (draining waits on it); one access event each."""
 
-    def __init__(self, app: ASGIApp, svc: Services, routes: set[str]) -> None:
+    def __init__(self, app: ASGIApp, svc: Services, routes: set[str], probes: tuple[str, ...] = ()) -> None:
         self.app = app
         self.svc = svc
         self.routes = routes
+        self.probes = probes  # the platforms' probe paths (/ping, a Vertex health route): quiet too
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -36,12 +37,20 @@ class RequestTracking:
         request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
         state: dict[str, Any] = scope.setdefault("state", {})
         status = 500
+        path = scope["path"]
+        ids = {"request_id": request_id}
+        tracing, span = self.svc.tracing, None
+        if tracing is not None and not self._quiet(path):  # probes and scrapes are not traced
+            span = tracing.start_request(scope["method"], _trace_headers(scope))
+            ids["trace_id"] = tracing.trace_id(span)
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
                 extra = [(b"x-request-id", request_id.encode("latin-1"))]
+                if span is not None:
+                    extra.append((b"x-trace-id", ids["trace_id"].encode()))
                 if self.svc.startup.draining:  # pooled clients move to another replica
                     extra.append((b"connection", b"close"))
                 message["headers"] = [*message.get("headers", []), *extra]
@@ -49,23 +58,37 @@ class RequestTracking:
 
         self.svc.in_flight += 1
         try:
-            with structlog.contextvars.bound_contextvars(request_id=request_id):
+            with structlog.contextvars.bound_contextvars(**ids):
                 await self.app(scope, receive, send_with_id)
         finally:
             self.svc.in_flight -= 1
-            self._record(scope["method"], scope["path"], status, state, time.perf_counter() - started, request_id)
+            route = path if path in self.routes else "other"
+            self._record(scope["method"], path, route, status, state, time.perf_counter() - started, ids)
+            if span is not None:
+                tracing.end_request(span, path, route, status, state.get("access") or {})  # type: ignore[union-attr]
 
-    def _record(self, method: str, path: str, status: int, state: dict[str, Any], seconds: float, rid: str) -> None:
-        route = path if path in self.routes else "other"
+    def _quiet(self, path: str) -> bool:
+        return path.startswith(QUIET_PATHS) or path in self.probes
+
+    def _record(
+        self,
+        method: str,
+        path: str,
+        route: str,
+        status: int,
+        state: dict[str, Any],
+        seconds: float,
+        ids: dict[str, str],
+    ) -> None:
         self.svc.metrics.requests.labels(route=route, status=str(status)).observe(seconds)
         access = state.get("access") or {}
         timings = access.get("timings")
         if timings is not None:
             self.svc.metrics.tokenization_time.observe(timings.tokenization_ms / 1000)
-        log = access_log.debug if path.startswith(QUIET_PATHS) else access_log.info
+        log = access_log.debug if self._quiet(path) else access_log.info
         log(
             "request",
-            request_id=rid,
+            **ids,
             method=method,
             route=route,
             status=status,
@@ -117,12 +140,13 @@ class BodyLimit:
 class ApiKeyGuard:
     """Bearer-token check on every route but probes, version, metrics and the status page; constant-time compare."""
 
-    def __init__(self, app: ASGIApp, key: str) -> None:
+    def __init__(self, app: ASGIApp, key: str, probes: tuple[str, ...] = ()) -> None:
         self.app = app
         self.expected = f"Bearer {key}".encode()
+        self.probes = probes  # platforms' health checks carry no key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _is_open(scope["path"], scope["method"]):
+        if scope["type"] != "http" or scope["path"] in self.probes or _is_open(scope["path"], scope["method"]):
             await self.app(scope, receive, send)
             return
         given = (_header(scope, b"authorization", limit=None) or "").encode("latin-1")
@@ -138,6 +162,16 @@ def _is_open(path: str, method: str) -> bool:
     if path in OPEN_PAGES and method == "GET":
         return True
     return any(path == p or path.startswith(p + "/") for p in OPEN_PATHS)
+
+
+def _trace_headers(scope: Scope) -> dict[str, str]:
+    """W3C trace context from the request: `traceparent` and `tracestate`, each within 512 characters."""
+    found = {}
+    for name in (b"traceparent", b"tracestate"):
+        value = _header(scope, name)
+        if value is not None:
+            found[name.decode()] = value
+    return found
 
 
 def _header(scope: Scope, name: bytes, limit: int | None = 512) -> str | None:

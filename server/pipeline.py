@@ -49,12 +49,36 @@ Render = Callable[[Prepared[Any], Outcome, RequestContext], bytes]
 
 @dataclass
 class Timings:
-    """TEI's timing headers, in milliseconds."""
+    """TEI's timing headers, in milliseconds; and when each stage ended (perf_counter), for traces."""
 
     started: float = field(default_factory=time.perf_counter)
+    wall_ns: int = field(default_factory=time.time_ns)  # `started` on the clock spans are stamped with
     tokenization_ms: float = 0.0
     queue_ms: float = 0.0
     inference_ms: float = 0.0
+    arrived: float | None = None  # the body read
+    submitted: float | None = None  # prepared: sent to the engine
+    answered: float | None = None  # rendered
+
+    def stages(self) -> list[tuple[str, int, int]]:
+        """(name, start, end) in ns since the epoch, for the stages the request went through."""
+
+        def ns(at: float) -> int:
+            return self.wall_ns + int((at - self.started) * 1e9)
+
+        if self.arrived is None:
+            return []
+        stages = [("read body", ns(self.started), ns(self.arrived))]
+        if self.submitted is None:
+            return stages
+        queued = self.submitted + self.queue_ms / 1000
+        inferred = queued + self.inference_ms / 1000
+        stages.append(("tokenize", ns(self.arrived), ns(self.submitted)))
+        if self.answered is not None:
+            stages.append(("queue", ns(self.submitted), ns(queued)))
+            stages.append(("inference", ns(queued), ns(inferred)))
+            stages.append(("render", ns(inferred), ns(max(self.answered, inferred))))
+        return stages
 
     def headers(self) -> dict[str, str]:
         total = (time.perf_counter() - self.started) * 1000
@@ -148,20 +172,27 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
     with in_shape(shape):
         svc.default_model()  # 503 before reading the body of a request that cannot be served
         raw = await read_body(request, svc)
-    arrived = time.perf_counter()  # tokenization time counts from here, not from the upload
+    arrived = timings.arrived = time.perf_counter()  # tokenization time counts from here, not from the upload
     loop = asyncio.get_running_loop()
     deadline = loop.time() + svc.settings.request_timeout
     gone = asyncio.ensure_future(_client_gone(request))
     try:
         with admitted(svc, shape) as ctx:
             prepared = await prepare_in_time(svc, prepare, raw, ctx, gone, deadline)
-            timings.tokenization_ms = (time.perf_counter() - arrived) * 1000
+            timings.submitted = time.perf_counter()
+            timings.tokenization_ms = (timings.submitted - arrived) * 1000
             outcome = await run_on_engine(
                 svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx), deadline
             )
     finally:
         gone.cancel()
-    request.state.access = {"inputs": len(prepared.tokens), "tokens": prepared.n_tokens, "timings": timings}
+    timings.answered = time.perf_counter()
+    request.state.access = {
+        "inputs": len(prepared.tokens),
+        "tokens": prepared.n_tokens,
+        "timings": timings,
+        "model": ctx.model_name,
+    }
     return json_response(outcome.rendered, timings)
 
 

@@ -19,6 +19,7 @@ from server.engine_client import BatchStats, EngineClient
 from server.errors import APIError
 from server.metrics import Metrics
 from server.tokenizer import TokenizerPool
+from server.tracing import Tracing
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,6 +47,7 @@ class Services:
     # Requests whose body is still arriving, and those of them the drain ended (pipeline.read_body)
     body_reads: set[asyncio.Task[Any]] = field(default_factory=set)
     body_reads_ended: set[asyncio.Task[Any]] = field(default_factory=set)
+    tracing: Tracing | None = None  # WARMPOOL_OTLP_ENDPOINT set: spans per request (server/tracing.py)
     admission: Admission = field(init=False)
     metrics: Metrics = field(init=False)
 

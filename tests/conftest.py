@@ -59,12 +59,14 @@ def cross_encoder_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 API_KEY = "s3cret-test-key"
+VERTEX_PREDICT = "/v1/endpoints/7/deployedModels/8:predict"  # a route as Vertex AI names it
 
 
 @pytest.fixture(scope="session")
 def classifier_server(classifier_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Keyed too (from the environment), as client libraries meet it behind a gateway."""
-    with serving(classifier_dir, tmp_path_factory.mktemp("logs") / "classifier.log", api_key=API_KEY) as proc:
+    log = tmp_path_factory.mktemp("logs") / "classifier.log"
+    with serving(classifier_dir, log, api_key=API_KEY, predict_route=VERTEX_PREDICT) as proc:
         proc.client.headers["authorization"] = f"Bearer {API_KEY}"
         yield proc
 
@@ -75,7 +77,7 @@ def cross_encoder_server(cross_encoder_dir: Path, tmp_path_factory: pytest.TempP
     secrets = tmp_path_factory.mktemp("secrets")
     (secrets / "api-key").write_text(API_KEY + "\n")
     log = tmp_path_factory.mktemp("logs") / "cross.log"
-    with serving(cross_encoder_dir, log, api_key_file=secrets / "api-key") as proc:
+    with serving(cross_encoder_dir, log, api_key_file=secrets / "api-key", predict_route=VERTEX_PREDICT) as proc:
         proc.client.headers["authorization"] = f"Bearer {API_KEY}"
         yield proc
 

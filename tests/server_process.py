@@ -42,20 +42,33 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: 
 
 
 class ServerProcess:
-    def __init__(self, model: Path | str, log_path: Path, source: Path = ROOT, **settings: Any) -> None:
-        """`source`: the tree `python -m orchestrator` runs from (benchmarks compare commits with it)."""
+    def __init__(
+        self,
+        model: Path | str,
+        log_path: Path,
+        source: Path = ROOT,
+        args: tuple[str, ...] = (),
+        environ: dict[str, str] | None = None,
+        port_variable: str = "WARMPOOL_PORT",
+        **settings: Any,
+    ) -> None:
+        """`source`: the tree `python -m orchestrator` runs from (benchmarks compare commits with it);
+        `args` its command line; `environ` more variables (a platform's, OTEL_*), and `port_variable`
+        the one that carries the port (WARMPOOL_PORT then names another, which must lose)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPOOL_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("WARMPOOL_", "AIP_", "SAGEMAKER_"))}
         # compiling is tested where asked for: elsewhere a background compile would only load the machine
         env.update({"HF_HUB_OFFLINE": "1", "WARMPOOL_LOG_FORMAT": "json", "WARMPOOL_COMPILE": "off"})
         env.update({f"WARMPOOL_{k.upper()}": str(v) for k, v in settings.items()})
-        env.update({"WARMPOOL_MODEL": str(model), "WARMPOOL_PORT": str(self.port)})
+        env.update({"WARMPOOL_MODEL": str(model), "WARMPOOL_PORT": str(self.port), **(environ or {})})
+        if port_variable != "WARMPOOL_PORT":
+            env.update({port_variable: str(self.port), "WARMPOOL_PORT": str(free_port())})
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115  (closed in stop())
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator"],
+            [sys.executable, "-m", "orchestrator", *args],
             cwd=source,
             env=env,
             stdout=self._log,

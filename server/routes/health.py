@@ -47,3 +47,9 @@ async def ready(request: Request) -> JSONResponse:
 async def health(request: Request) -> JSONResponse:
     """What vLLM and TEI clients poll: the readiness answer."""
     return await ready(request)
+
+
+@router.get("/ping")
+async def ping(request: Request) -> JSONResponse:
+    """SageMaker's health check: the readiness answer, open without the API key."""
+    return await ready(request)

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -20,6 +21,7 @@ import docker
 from tests.server_process import ROOT, ServerProcess, free_port, wait_for
 
 PROJECT = "warmpool-test"
+IMAGE = "warmpool:latest"  # what `make image` tags
 DRAIN_TIMEOUT = 30
 
 
@@ -57,12 +59,15 @@ def engine() -> Iterator[docker.DockerClient]:
 
 
 @pytest.fixture(scope="module")
-def stack(
-    engine: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, dict[str, str]]]:
-    """Build the image and bring the compose stack up, bare (an empty models folder, no
-    WARMPOOL_MODEL: the image's embedded model); always take it down again."""
+def image(engine: docker.DockerClient) -> str:
     subprocess.run(["make", "image"], cwd=ROOT, check=True, timeout=1800)
+    return IMAGE
+
+
+@pytest.fixture(scope="module")
+def stack(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """Bring the compose stack up, bare (an empty models folder, no WARMPOOL_MODEL: the image's
+    embedded model); always take it down again."""
     port = free_port()
     empty = tmp_path_factory.mktemp("empty-models")  # nothing mounted: a clean checkout's ./models
     env = {
@@ -141,3 +146,30 @@ def test_container_serves_like_the_local_server(
     assert box.attrs["State"]["ExitCode"] == 0
     assert took < DRAIN_TIMEOUT
     assert b'"event": "drained"' in box.logs()
+
+
+def test_container_under_sagemakers_contract(engine: docker.DockerClient, image: str, model_dir: Path) -> None:
+    """Run as SageMaker runs it: `docker run IMAGE serve`, the model data mounted at /opt/ml/model,
+    port 8080. /ping turns 200, the mounted model (not the embedded one) serves /invocations."""
+    port = free_port()
+    box = engine.containers.run(
+        image,
+        ["serve"],
+        detach=True,
+        volumes={str(model_dir): {"bind": "/opt/ml/model", "mode": "ro"}},
+        ports={"8080/tcp": ("127.0.0.1", port)},
+        environment={"WARMPOOL_COMPILE": "off"},
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+
+            def pinged() -> bool:
+                return http.get("/ping").status_code == 200
+
+            wait_for(pinged, 300, "/ping 200", interval=0.5)
+            assert http.get("/v1/models").json()["data"][0]["id"] == "model"  # /opt/ml/model's folder
+            r = http.post("/invocations", json={"inputs": ["sagemaker sends this"]})
+            assert r.status_code == 200, r.text
+            assert len(r.json()) == 1 and len(r.json()[0]) == 384
+    finally:
+        box.remove(force=True)

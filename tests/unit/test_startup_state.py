@@ -325,3 +325,18 @@ def test_the_summary_is_one_line_of_the_phases_that_ran(clock: Clock) -> None:
     clock.now = 12.0
     state.done("engine")
     assert state.summary() == "ready in 12.00 s: bind 0.50 s, engine 1.50 s"
+
+
+def test_a_watcher_gets_every_phase_then_each_change(clock: Clock) -> None:
+    """watch() replays the table as it stands, then calls the watcher once per transition."""
+    state = StartupState()
+    state.start("bind")
+    clock.now = 0.25
+    state.done("bind")
+    seen: list[tuple[str, str]] = []
+    state.watch(lambda record: seen.append((record["name"], record["state"])))
+    assert seen == [("bind", "done"), *((name, "pending") for name in PHASES[1:])]
+    seen.clear()
+    state.start("prefetch")
+    state.skip("compile", "off")
+    assert seen == [("prefetch", "running"), ("compile", "skipped")]

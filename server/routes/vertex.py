@@ -1,0 +1,119 @@
+"""Vertex AI's prediction contract, on the route WARMPOOL_PREDICT_ROUTE names (AIP_PREDICT_ROUTE sets
+it): {"instances": [...], "parameters": {...}} is answered {"predictions": [...]}, one prediction per
+instance, in instance order.
+
+Each instance is one input of TEI's route for the model's kind, and `parameters` are that route's
+options (TEI's own names: normalize, dimensions, truncate, prompt_name, long_inputs, raw_scores, ...):
+
+- embedding: a text, or {"text": text} ({"content": text} too) -> its vector, as /embed;
+- sparse: the same -> [{index, value}], as /embed_sparse;
+- classifier: a text, or a pair ([text, text] or {"text", "text_pair"}) -> [{label, score}] best
+  first, as /predict;
+- cross-encoder: a pair -> its score (a sigmoid unless raw_scores), as /score gives it.
+
+Errors leave in TEI's shape and name the instance (`instances[3]`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import Field
+
+from server import inputs, outputs
+from server.engine_client import Outcome
+from server.errors import APIError
+from server.inputs import RequestContext
+from server.pipeline import Prepare, Prepared, Render, answer
+from server.protocol import Body, openapi_body
+from server.routes import sparse, tei
+from server.routes.classify import CLASSIFIERS
+
+
+class VertexPredictRequest(Body):
+    instances: list[Any] = Field(min_length=1)
+    parameters: dict[str, Any] | None = None
+
+
+OPENAPI = openapi_body(VertexPredictRequest)
+_TEXT_KEYS = ("text", "content")
+
+
+def instance_text(value: Any, where: str) -> str:
+    if isinstance(value, dict):
+        found = [key for key in _TEXT_KEYS if key in value]
+        value = value[found[0]] if len(found) == 1 and len(value) == 1 else None
+    if not isinstance(value, str):
+        raise inputs.bad_request(f'{where} must be a text or {{"text": text}}', where)
+    return value
+
+
+def instance_pair(value: Any, where: str, pair_only: bool) -> list[str]:
+    """[text] or [text, text], as TEI's /predict takes one input."""
+    if isinstance(value, dict) and "text_pair" in value:
+        value = [value.get("text"), value["text_pair"]] if set(value) == {"text", "text_pair"} else None
+    elif isinstance(value, str | dict) and not pair_only:
+        value = [instance_text(value, where)]
+    if not (isinstance(value, list) and len(value) in (1, 2) and all(isinstance(v, str) for v in value)):
+        raise inputs.bad_request(f'{where} must be [text, text] or {{"text", "text_pair"}}', where)
+    if pair_only and len(value) != 2:
+        raise inputs.bad_request(f"{where} must be a pair: a cross-encoder scores [query, text]", where)
+    return value
+
+
+def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
+    """The body as TEI's request for the model's kind, prepared by TEI's route; its render goes along."""
+    body = inputs.parse(VertexPredictRequest, raw)
+    kind = ctx.folder.kind
+    parameters = dict(body.parameters or {})
+    if "inputs" in parameters:
+        raise inputs.bad_request("'parameters' must not carry 'inputs': give them as 'instances'", "parameters")
+    where = [f"instances[{i}]" for i in range(len(body.instances))]
+    prepare: Prepare
+    render: Render
+    if kind in CLASSIFIERS:
+        pairs = [instance_pair(v, w, kind == "cross-encoder") for v, w in zip(body.instances, where, strict=True)]
+        prepare, render = tei.prepare_predict, (render_scores if kind == "cross-encoder" else tei.render_nested_predict)
+        parameters["inputs"] = pairs
+    else:
+        texts = [instance_text(v, w) for v, w in zip(body.instances, where, strict=True)]
+        sparse_model = kind == "sparse"
+        prepare = sparse.prepare_embed_sparse if sparse_model else tei.prepare_embed
+        render = sparse.render_embed_sparse if sparse_model else tei.render_embed
+        parameters["inputs"] = texts
+    try:
+        inner = prepare(orjson.dumps(parameters), ctx)
+    except APIError as exc:
+        raise _as_instances(exc) from None
+    return Prepared(inner, inner.tokens, render)
+
+
+def render_scores(prep: Prepared[Any], outcome: Outcome, ctx: RequestContext) -> bytes:
+    raw = prep.body.raw_scores
+    scores = outcome.vectors.astype("float64")[:, 0] if raw else outputs.activate(outcome.vectors)[:, 0]
+    return outputs.to_json([float(s) for s in scores])
+
+
+def render_predict(prep: Prepared[Prepared[Any]], outcome: Outcome, ctx: RequestContext) -> bytes:
+    render: Render = prep.extra
+    return b'{"predictions":' + render(prep.body, outcome, ctx) + b"}"
+
+
+_INPUTS = re.compile(r"\binputs\b")
+
+
+def _as_instances(exc: APIError) -> APIError:
+    """TEI's errors name `inputs[i]`; the client sent `instances[i]` (or a parameter)."""
+    exc.message = _INPUTS.sub("instances", exc.message)
+    if exc.param is not None:
+        exc.param = _INPUTS.sub("instances", exc.param)
+    exc.args = (exc.message,)
+    return exc
+
+
+async def predict(request: Request) -> Response:
+    return await answer(request, prepare_predict, render_predict, shape="tei")

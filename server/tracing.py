@@ -1,0 +1,154 @@
+"""OpenTelemetry traces over OTLP (WARMPOOL_OTLP_ENDPOINT): a server span per HTTP request, with a
+child span per stage, and one trace for the start with a span per phase.
+
+Off by default, and then nothing here imports OpenTelemetry: `configure` returns None and the
+middleware's one check is the whole cost. On, the SDK's batch processor exports from its own
+thread, holds at most its queue's spans (the rest are dropped, never buffered without bound) and
+gives up on a collector after the export timeout. A request's stage spans are written when it
+ends, from the times the pipeline noted (Timings): the stages run on the executor and in the
+engine, and no span object has to follow them there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+from common.settings import Settings
+from common.startup import StartupState, uptime
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span, Tracer
+
+    from server.pipeline import Timings
+
+EXPORT_TIMEOUT_S = 5.0  # a collector that does not answer costs one batch's wait, not the shutdown
+FLUSH_TIMEOUT_MS = 3000
+_TERMINAL = ("done", "skipped", "failed")
+
+
+def configure(settings: Settings) -> Tracing | None:
+    """The tracer for the settings' collector, or None (and no import) when tracing is off."""
+    if not settings.otlp_endpoint:
+        return None
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create(
+        {"service.name": settings.otlp_service_name, "service.version": metadata.version("warmpool")}
+    )
+    provider = TracerProvider(resource=resource)  # sampler: OTEL_TRACES_SAMPLER, parent-based by default
+    provider.add_span_processor(BatchSpanProcessor(exporter(settings.otlp_endpoint, settings.otlp_protocol)))
+    return Tracing(provider)
+
+
+def exporter(endpoint: str, protocol: str) -> Any:
+    """The SDK's OTLP span exporter: HTTP/protobuf at ENDPOINT/v1/traces, or gRPC at ENDPOINT."""
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"), timeout=EXPORT_TIMEOUT_S)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    url = endpoint if endpoint.rstrip("/").endswith("/v1/traces") else endpoint.rstrip("/") + "/v1/traces"
+    return OTLPSpanExporter(endpoint=url, timeout=EXPORT_TIMEOUT_S)
+
+
+class Tracing:
+    def __init__(self, provider: TracerProvider) -> None:
+        from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.provider = provider
+        self.tracer: Tracer = provider.get_tracer("warmpool")
+        self._trace = trace
+        self._propagator = TraceContextTextMapPropagator()
+        self._start: Span | None = None
+        self._start_context: Any = None
+        self._begun = 0  # the process's start, in ns since the epoch
+
+    # Requests
+
+    def start_request(self, method: str, headers: Mapping[str, str]) -> Span:
+        """The server span, a child of the caller's `traceparent` (and `tracestate`) when it sent one."""
+        from opentelemetry.trace import SpanKind
+
+        parent = self._propagator.extract(headers) if "traceparent" in headers else None
+        return self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER)
+
+    @staticmethod
+    def trace_id(span: Span) -> str:
+        return format(span.get_span_context().trace_id, "032x")
+
+    def end_request(self, span: Span, path: str, route: str, status: int, access: Mapping[str, Any]) -> None:
+        """Name the span by its route, record what the request asked for, add its stages, end it."""
+        from opentelemetry.trace import Status, StatusCode
+
+        method = span.name  # type: ignore[attr-defined]
+        span.update_name(f"{method} {route}" if route != "other" else method)
+        attributes: dict[str, Any] = {
+            "http.request.method": method,
+            "url.path": path,
+            "http.response.status_code": status,
+        }
+        if route != "other":
+            attributes["http.route"] = route
+        for key in ("model", "inputs", "tokens"):
+            if access.get(key) is not None:
+                attributes[f"warmpool.{key}"] = access[key]
+        span.set_attributes(attributes)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        timings: Timings | None = access.get("timings")
+        if timings is not None:
+            self._stages(span, timings)
+        span.end()
+
+    def _stages(self, span: Span, timings: Timings) -> None:
+        context = self._trace.set_span_in_context(span)
+        for name, start, end in timings.stages():
+            self.tracer.start_span(name, context=context, start_time=start).end(end_time=end)
+
+    # The start
+
+    def watch_startup(self, startup: StartupState) -> None:
+        """One trace for the start: a `startup` span from the process's start to `ready`, and a
+        child span per phase as it ends (a phase ending after ready, such as compile, still joins it)."""
+        begun = time.time_ns() - int(uptime() * 1e9)
+        self._start = self.tracer.start_span("startup", start_time=begun)
+        self._start_context = self._trace.set_span_in_context(self._start)
+        self._begun = begun
+        startup.watch(self._phase)
+
+    def _phase(self, record: dict[str, Any]) -> None:
+        if record["state"] not in _TERMINAL or record["started_s"] is None or self._start is None:
+            return
+        from opentelemetry.trace import Status, StatusCode
+
+        start = self._begun + int(record["started_s"] * 1e9)
+        end = start + int((record["duration_s"] or 0.0) * 1e9)
+        attributes = {"warmpool.phase.state": record["state"]}
+        if record.get("model"):
+            attributes["warmpool.model"] = record["model"]
+        for key, value in record["detail"].items():
+            if isinstance(value, str | bool | int | float):
+                attributes[f"warmpool.{key}"] = value
+        span = self.tracer.start_span(
+            record["name"], context=self._start_context, start_time=start, attributes=attributes
+        )
+        if record["state"] == "failed":
+            span.set_status(Status(StatusCode.ERROR, str(record["detail"].get("error", ""))))
+        span.end(end_time=end)
+        if record["name"] == "ready":
+            self._start.end(end_time=end)
+
+    def shutdown(self) -> None:
+        """Export what is queued (within FLUSH_TIMEOUT_MS), then stop the exporter."""
+        if self._start is not None and self._start.is_recording():
+            self._start.end()
+        self.provider.force_flush(FLUSH_TIMEOUT_MS)
+        self.provider.shutdown()

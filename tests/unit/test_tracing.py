@@ -1,0 +1,75 @@
+"""Tracing's switch and its exporters: off imports no OpenTelemetry SDK, exporter or protobuf in the
+HTTP process; on, spans reach a real OTLP/gRPC receiver through the SDK's exporter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from common.settings import Settings
+from server import tracing
+from server.pipeline import Timings
+from tests.otlp_receiver import GrpcReceiver
+from tests.server_process import ROOT
+
+HEAVY = ("opentelemetry.sdk", "opentelemetry.exporter", "google.protobuf", "grpc")
+
+
+def loaded_after(code: str) -> list[str]:
+    """The heavy modules present after `code` in a fresh interpreter that imported the HTTP process's modules."""
+    program = (
+        "import sys, json\nimport orchestrator.lifecycle, server.app\nfrom server import tracing\n"
+        f"from common.settings import Settings\n{code}\n"
+        f"print(json.dumps(sorted({{m for m in sys.modules if m.startswith({HEAVY!r})}})))"
+    )
+    out = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_tracing_off_imports_no_sdk_exporter_or_protobuf() -> None:
+    """Without WARMPOOL_OTLP_ENDPOINT, configure() is None and none of the SDK's modules are loaded."""
+    assert loaded_after("assert tracing.configure(Settings()) is None") == []
+
+
+def test_tracing_on_loads_the_sdk_and_its_exporter() -> None:
+    """The counterpart: with an endpoint the SDK and the HTTP exporter (protobuf) are loaded."""
+    loaded = loaded_after("tracing.configure(Settings(otlp_endpoint='http://127.0.0.1:9'))")
+    assert any(m.startswith("opentelemetry.sdk") for m in loaded)
+    assert any(m.startswith("opentelemetry.exporter.otlp.proto.http") for m in loaded)
+
+
+def test_http_endpoint_is_the_base_url() -> None:
+    """As OTEL_EXPORTER_OTLP_ENDPOINT: /v1/traces is added to the base URL, not doubled."""
+    assert tracing.exporter("http://c:4318", "http/protobuf")._endpoint == "http://c:4318/v1/traces"
+    assert tracing.exporter("http://c:4318/v1/traces", "http/protobuf")._endpoint == "http://c:4318/v1/traces"
+
+
+def test_spans_reach_a_grpc_collector() -> None:
+    """otlp_protocol=grpc exports through the SDK's gRPC exporter: a request span and its stages
+    arrive at a real TraceService, the stages children of the request's span."""
+    receiver = GrpcReceiver()
+    try:
+        traced = tracing.configure(
+            Settings(otlp_endpoint=receiver.endpoint, otlp_protocol="grpc", otlp_service_name="svc-under-test")
+        )
+        assert traced is not None
+        span = traced.start_request("POST", {})
+        timings = Timings()
+        timings.arrived = timings.submitted = timings.answered = timings.started + 0.001
+        access = {"model": "m", "inputs": 2, "tokens": 9, "timings": timings}
+        traced.end_request(span, "/v1/embeddings", "/v1/embeddings", 200, access)
+        traced.shutdown()
+        server = receiver.received.wait_named("POST /v1/embeddings", 10)
+        assert server["attributes"]["warmpool.tokens"] == 9
+        assert receiver.received.resources[0]["service.name"] == "svc-under-test"
+        stages = [s for s in receiver.received.spans if s["parent_span_id"] == server["span_id"]]
+        assert [s["name"] for s in sorted(stages, key=lambda s: s["start"])] == [
+            "read body",
+            "tokenize",
+            "queue",
+            "inference",
+            "render",
+        ]
+    finally:
+        receiver.close()
