@@ -40,7 +40,7 @@ def main() -> None:
     texts = sentences(2000)
     collector = None
     if "{collector}" in args.a + args.b:  # an OTLP receiver for tracing's cost: otlp_endpoint={collector}
-        collector = HttpReceiver()
+        collector = HttpReceiver(decode=False)
         args.a, args.b = (text.replace("{collector}", collector.endpoint) for text in (args.a, args.b))
     configs = {"A": settings(args.a), "B": settings(args.b)}
     sources = {"A": ROOT, "B": args.b_source.resolve()}
@@ -71,7 +71,7 @@ def main() -> None:
     ratios = [b.inputs_s / a.inputs_s for a, b in zip(results["A"], results["B"], strict=True)]
     print(f"B/A per round: {' '.join(f'{r:.2f}' for r in ratios)}; mean {statistics.mean(ratios):.2f}")
     if collector is not None:
-        print(f"collector received {len(collector.received.spans)} spans")
+        print(f"collector received {collector.exports} exports")
         collector.close()
 
 

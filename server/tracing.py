@@ -1,12 +1,14 @@
-"""OpenTelemetry traces over OTLP (WARMPOOL_OTLP_ENDPOINT): a server span per HTTP request, with a
-child span per stage, and one trace for the start with a span per phase.
+"""OpenTelemetry traces over OTLP (WARMPOOL_OTLP_ENDPOINT): a server span per HTTP request, with an
+event per stage, and one trace for the start with a span per phase.
 
 Off by default, and then nothing here imports OpenTelemetry: `configure` returns None and the
 middleware's one check is the whole cost. On, the SDK's batch processor exports from its own
 thread, holds at most its queue's spans (the rest are dropped, never buffered without bound) and
-gives up on a collector after the export timeout. A request's stage spans are written when it
-ends, from the times the pipeline noted (Timings): the stages run on the executor and in the
-engine, and no span object has to follow them there.
+gives up on a collector after the export timeout. A request's stages are written when it ends,
+from the times the pipeline noted (Timings): they run on the executor and in the engine, and no
+span object has to follow them there. Stages are events (at the stage's start, with its duration),
+not child spans: the Python SDK's OTLP encoding costs ~0.14 ms of CPU per span, so five child spans
+made a traced request cost ~1.2 ms of CPU where one span with five events costs ~0.3 ms.
 """
 
 from __future__ import annotations
@@ -108,10 +110,10 @@ class Tracing:
             self._stages(span, timings)
         span.end()
 
-    def _stages(self, span: Span, timings: Timings) -> None:
-        context = self._trace.set_span_in_context(span)
+    @staticmethod
+    def _stages(span: Span, timings: Timings) -> None:
         for name, start, end in timings.stages():
-            self.tracer.start_span(name, context=context, start_time=start).end(end_time=end)
+            span.add_event(name, {"warmpool.duration_ms": round((end - start) / 1e6, 3)}, timestamp=start)
 
     # The start
 

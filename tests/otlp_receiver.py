@@ -60,21 +60,27 @@ def _span(span: Any) -> dict[str, Any]:
         "attributes": _attributes(span.attributes),
         "status": span.status.code,
         "trace_state": span.trace_state,
+        "events": [
+            {"name": e.name, "time": e.time_unix_nano, "attributes": _attributes(e.attributes)} for e in span.events
+        ],
     }
 
 
 class HttpReceiver:
-    """OTLP/HTTP on a free port; `endpoint` is the base URL an exporter is given."""
+    """OTLP/HTTP on a free port; `endpoint` is the base URL an exporter is given. With `decode`
+    off it only counts what it gets (a benchmark's collector must not take the server's CPU)."""
 
-    def __init__(self) -> None:
+    def __init__(self, decode: bool = True) -> None:
         self.received = Received()
-        received = self.received
+        self.exports = 0
+        received, receiver = self.received, self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 ok = self.path == "/v1/traces" and self.headers["content-type"] == "application/x-protobuf"
-                if ok:
+                receiver.exports += ok
+                if ok and decode:
                     received.add(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
                 reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200 if ok else 404)
