@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.cpus import usable_cpus
@@ -46,6 +46,11 @@ class Settings(BaseSettings):
     port: int = Field(
         8000, ge=0, le=65535, description="Listen port (AIP_HTTP_PORT wins when set; 8080 under `serve`)."
     )
+    port_file: Path | None = Field(
+        None,
+        description="A file the port listened on is written to once bound (the image's HEALTHCHECK reads it: "
+        "`serve` and AIP_HTTP_PORT move the port).",
+    )
     health_route: str | None = Field(
         None,
         pattern=r"^/",
@@ -65,6 +70,13 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="Admission permits (one per input); default 4 x max_batch_tokens / 64, at least 64.",
+    )
+    priority_reserve: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        description="Share of the admission permits kept for requests at priority 0 or more urgent (lower): "
+        "a bulk flood at a higher priority number cannot take them.",
     )
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Request body limit (413 past it).")
     max_header_bytes: int = Field(
@@ -173,12 +185,22 @@ class Settings(BaseSettings):
         "unset: no tracing. http/protobuf: the base URL (/v1/traces is added), grpc: host:port as a URL.",
     )
     otlp_protocol: Literal["http/protobuf", "grpc"] = Field("http/protobuf", description="OTLP transport.")
-    otlp_service_name: str = Field("warmpool", description="service.name of the exported spans.")
+    otlp_service_name: str | None = Field(
+        None,
+        description="service.name of the exported spans; default: OTEL_SERVICE_NAME (or the service.name in "
+        "OTEL_RESOURCE_ATTRIBUTES), else warmpool.",
+    )
 
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     log_format: Literal["auto", "json", "console"] = Field(
         "auto", description="auto: console on a TTY, JSON otherwise."
     )
+
+    @model_validator(mode="after")
+    def _routes_apart(self) -> Settings:
+        if self.health_route is not None and self.health_route == self.predict_route:
+            raise ValueError(f"health_route and predict_route are both {self.health_route}: give each its own path")
+        return self
 
     @cached_property
     def model_path(self) -> Path:

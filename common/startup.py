@@ -168,7 +168,10 @@ class StartupState:
             record = phase.as_dict()
             watchers = list(self._watchers)
         for watcher in watchers:
-            watcher(record)
+            try:
+                watcher(record)
+            except Exception:  # a watcher (tracing) must not stop the start it watches
+                log.exception("phase_watcher_failed", phase=name)
         event = log.error if state == "failed" else log.info
         event(
             "phase",

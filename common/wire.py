@@ -39,6 +39,7 @@ class Tokens(NamedTuple):
     input_ids: list[int]
     token_type_ids: list[int] | None = None
     per_token: bool = False  # answer every token's vector (TEI's /embed_all), not the pooled one
+    priority: int = 0  # the request's priority: lower runs first (vLLM's `priority`)
 
 
 Keyed = tuple[int, Tokens]  # an input on the wire: the client's key for it, and its tokens

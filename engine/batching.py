@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Iterator
 
 from common.wire import Keyed
 
@@ -19,13 +20,14 @@ def n_tokens(item: Keyed) -> int:
     return len(item[1].input_ids)
 
 
-def take_batch(pending: deque[Keyed], max_tokens: int, max_size: int) -> list[Keyed]:
-    """Oldest first, until the padded size (longest x count) would pass the budget.
+def take_batch(pending: deque[Keyed], max_tokens: int, max_size: int, batch: list[Keyed] | None = None) -> list[Keyed]:
+    """Oldest first, until the padded size (longest x count) would pass the budget; onto `batch`
+    when one is being filled.
 
     The first item is always taken, so an input longer than the budget still runs, alone.
     """
-    batch: list[Keyed] = []
-    longest = 0
+    batch = [] if batch is None else batch
+    longest = max((n_tokens(item) for item in batch), default=0)
     while pending and len(batch) < max_size:
         length = n_tokens(pending[0])
         if batch and max(longest, length) * (len(batch) + 1) > max_tokens:
@@ -33,6 +35,61 @@ def take_batch(pending: deque[Keyed], max_tokens: int, max_size: int) -> list[Ke
         longest = max(longest, length)
         batch.append(pending.popleft())
     return batch
+
+
+class Pending:
+    """The inputs an engine holds, by priority (lower first, as vLLM's `priority`), oldest first
+    within one priority."""
+
+    def __init__(self) -> None:
+        self._queues: dict[int, deque[Keyed]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(queue) for queue in self._queues.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._queues)
+
+    def __iter__(self) -> Iterator[Keyed]:
+        for priority in sorted(self._queues):
+            yield from self._queues[priority]
+
+    def extend(self, items: Iterable[Keyed]) -> None:
+        for item in items:
+            queue = self._queues.get(item[1].priority)
+            if queue is None:
+                queue = self._queues[item[1].priority] = deque()
+            queue.append(item)
+
+    def requeue(self, items: list[Keyed]) -> None:
+        """Inputs taken but not run go back ahead of those of their priority that came after them."""
+        for item in reversed(items):
+            self._queues.setdefault(item[1].priority, deque()).appendleft(item)
+
+    def drop(self, keys: set[int]) -> None:
+        for priority, queue in list(self._queues.items()):
+            kept = [item for item in queue if item[0] not in keys]
+            if kept:
+                self._queues[priority] = deque(kept)
+            else:
+                del self._queues[priority]
+
+    def best(self) -> int | None:
+        """The most urgent priority waiting (the lowest number), None when nothing waits."""
+        return min(self._queues) if self._queues else None
+
+    def take(self, max_tokens: int, max_size: int) -> list[Keyed]:
+        """A batch: the most urgent inputs first, then the next priority's while the budget lasts."""
+        batch: list[Keyed] = []
+        for priority in sorted(self._queues):
+            queue = self._queues[priority]
+            before = len(batch)
+            take_batch(queue, max_tokens, max_size, batch)
+            if not queue:
+                del self._queues[priority]
+            if len(batch) == before or len(batch) == max_size or queue:
+                break  # the budget is spent: lower priorities wait for the next batch
+        return batch
 
 
 def split_by_tokens(batch: list[Keyed], budget: int = GROUP_TOKENS) -> list[list[Keyed]]:

@@ -10,14 +10,13 @@ import os
 import signal
 import time
 import traceback
-from collections import deque
 from collections.abc import MutableSequence
 from multiprocessing.connection import Connection
 from typing import Any
 
 from common.modelfolder import ModelError, read_model_folder, weight_files
 from common.wire import EngineSpec, Keyed, Msg, Tokens, send
-from engine.batching import GROUP_TOKENS, split_by_length, split_by_tokens, take_batch
+from engine.batching import GROUP_TOKENS, Pending, split_by_length, split_by_tokens
 from engine.checkpoint import refuse_pickles
 from engine.compiler import Compilation
 from engine.device import memory_detail, place
@@ -132,7 +131,7 @@ def serve_batches(
     heap: HeapTrim,
     compilation: Compilation | None = None,
 ) -> None:
-    pending: deque[Keyed] = deque()
+    pending = Pending()
     while True:
         try:
             if not pending:
@@ -148,9 +147,9 @@ def serve_batches(
                     return
         except (EOFError, OSError):
             return  # the HTTP process is gone: nothing left to serve
-        batch = take_batch(pending, spec.max_batch_tokens, spec.max_batch_size)
-        if batch:
-            _run_batch(conn, model, batch, overhead, share)
+        batch = pending.take(spec.max_batch_tokens, spec.max_batch_size)
+        if batch and not _run_batch(conn, model, batch, overhead, share, pending):
+            return
         if compilation is not None:
             _switch_if_built(conn, compilation)
 
@@ -161,15 +160,12 @@ def _switch_if_built(conn: Connection, compilation: Compilation) -> None:
         send(conn, (Msg.COMPILE, compilation.detail))
 
 
-def _handle(conn: Connection, message: tuple[str, Any], pending: deque[Keyed]) -> bool:
+def _handle(conn: Connection, message: tuple[str, Any], pending: Pending) -> bool:
     kind, body = message
     if kind == Msg.SUBMIT:
         pending.extend(body)
     elif kind == Msg.CANCEL:
-        dropped = set(body)
-        kept = [item for item in pending if item[0] not in dropped]
-        pending.clear()
-        pending.extend(kept)
+        pending.drop(set(body))
         # The client counts cancelled inputs as this engine's load until it hears from it: an
         # engine that only dropped them would otherwise look busy (and, idle, stalled) forever.
         send(conn, (Msg.CANCELLED, None))
@@ -178,12 +174,26 @@ def _handle(conn: Connection, message: tuple[str, Any], pending: deque[Keyed]) -
     return True
 
 
-def _run_batch(conn: Connection, model: PoolingModel, batch: list[Keyed], overhead: float, share: ThreadShare) -> None:
+def _run_batch(
+    conn: Connection, model: PoolingModel, batch: list[Keyed], overhead: float, share: ThreadShare, pending: Pending
+) -> bool:
+    """Run `batch` group by group; False if told to stop meanwhile. Between groups the pipe is read:
+    inputs more urgent than any left in the batch stop it there, and what it had not run goes back
+    to `pending` (a bulk batch yields to interactive work within one group's time)."""
     # A batch runs as groups whose results stream back one by one, so the HTTP loop never
     # takes a burst of renders (one group per batch measured probe p99 16-18 ms at 32 clients,
     # against 5-11 ms split).
     groups = split_by_tokens(batch) if model.packed else split_by_length(batch, overhead)
-    for group in groups:
+    for index, group in enumerate(groups):
+        if index and conn.poll(0):
+            while conn.poll(0):
+                if not _handle(conn, conn.recv(), pending):
+                    return False
+            rest = [item for later in groups[index:] for item in later]
+            best = pending.best()
+            if best is not None and best < min(tokens.priority for _, tokens in rest):
+                pending.requeue(rest)
+                return True
         share.working()
         t0 = time.perf_counter()
         try:
@@ -206,6 +216,7 @@ def _run_batch(conn: Connection, model: PoolingModel, batch: list[Keyed], overhe
                 ),
             ),
         )
+    return True
 
 
 def _forward(model: PoolingModel, items: list[Tokens]) -> Any:

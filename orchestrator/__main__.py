@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from common.devices import DeviceError
 from common.settings import ApiKeyError, Settings
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         startup.fail("bind", f"cannot listen on {settings.host}:{settings.port}: {exc}")
         return 2
     startup.done("bind", host=settings.host, port=sock.getsockname()[1])
+    if settings.port_file is not None:
+        _write_port(settings.port_file, sock.getsockname()[1])
     early = binding.EarlyResponder(sock, startup).start()
     refusal = _refusal(settings)
     if refusal is not None:  # shown on /health/startup for fail_linger seconds, then exit 1
@@ -60,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.lifecycle import run_server  # fastapi, uvicorn, server.*: imported while probes answer
 
     return run_server(settings, models, startup, sock, early, method)
+
+
+def _write_port(path: Path, port: int) -> None:
+    """The bound port, for a health check that cannot know which one the platform chose; a file
+    that cannot be written costs that check, not the start."""
+    try:
+        path.write_text(f"{port}\n")
+    except OSError as exc:
+        print(f"warmpool: cannot write the port to {path}: {exc}", file=sys.stderr)
 
 
 def _refusal(settings: Settings) -> tuple[str, str] | None:

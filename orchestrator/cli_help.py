@@ -8,12 +8,13 @@ from common.settings import Settings
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "model": ("model", "served_model_name", "models", "on_model_failure", "device", "dtype", "allow_bin_weights"),
-    "network": ("host", "port", "health_route", "predict_route"),
+    "network": ("host", "port", "port_file", "health_route", "predict_route"),
     "limits": (
         "max_batch_tokens",
         "max_batch_size",
         "max_inputs_per_request",
         "max_concurrent_inputs",
+        "priority_reserve",
         "max_body_bytes",
         "max_header_bytes",
         "max_headers",

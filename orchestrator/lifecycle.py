@@ -170,7 +170,7 @@ class LifecycleServer(uvicorn.Server):
                 phases.fail(failed, message)
                 await self.model_lost(name, message)
             return False
-        admission = Admission(settings.admission_permits) if len(self.models) > 1 else None
+        admission = Admission(settings.admission_permits, settings.priority_reserve) if len(self.models) > 1 else None
         svc.models[name] = ServedModel(name, folder, tokenizers, wiring.client, admission)
         phases.start("ready")
         phases.done("ready", model=name, kind=folder.kind)

@@ -10,8 +10,12 @@ import threading
 
 
 class Admission:
-    def __init__(self, capacity: int) -> None:
+    """`reserve`: the share of the permits only urgent work (priority 0 or lower) may take, so a bulk
+    flood at a lower priority (a higher number) cannot leave interactive requests a 429."""
+
+    def __init__(self, capacity: int, reserve: float = 0.0) -> None:
         self.capacity = capacity
+        self.bulk_capacity = max(1, capacity - int(capacity * reserve))
         self._used = 0
         self._lock = threading.Lock()
 
@@ -19,14 +23,16 @@ class Admission:
     def used(self) -> int:
         return self._used
 
-    def try_acquire(self, inputs: int, held: int = 0) -> int | None:
+    def try_acquire(self, inputs: int, held: int = 0, bulk: bool = False) -> int | None:
         """Permits newly taken so that `inputs` are covered (a request larger than the capacity
-        takes all of it), counting the `held` ones already taken; None when they do not fit."""
-        wanted = min(max(inputs, 1), self.capacity) - held
+        takes all of it; a bulk one, all the bulk capacity), counting the `held` ones already
+        taken; None when they do not fit."""
+        capacity = self.bulk_capacity if bulk else self.capacity
+        wanted = min(max(inputs, 1), capacity) - held
         if wanted <= 0:
             return 0
         with self._lock:
-            if self._used + wanted > self.capacity:
+            if self._used + wanted > capacity:
                 return None
             self._used += wanted
             return wanted

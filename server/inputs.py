@@ -67,6 +67,7 @@ class RequestContext:
     shape: Shape = "openai"  # the surface the request speaks: its errors leave in that shape
     configured: tuple[str, ...] = ()  # every model's name, ready or not
     chosen: bool = False  # the request named its model: no other is picked for it
+    priority: int = 0  # lower runs first; above 0 is bulk work, kept out of the admission reserve
 
     @property
     def folder(self) -> ModelFolder:
@@ -108,7 +109,7 @@ class RequestContext:
             held, self.admitted = self.admitted, 0
             self.admission.release(held)
             self.admission = pool
-            taken = pool.try_acquire(held)
+            taken = pool.try_acquire(held, bulk=self.priority > 0)
             if taken is None:
                 raise overloaded()
             self.admitted = taken
@@ -134,7 +135,7 @@ class RequestContext:
             return
         if self.abandoned:
             raise overloaded()  # nobody reads this: the request has been answered already
-        permits = self.admission.try_acquire(inputs, held=self.admitted)
+        permits = self.admission.try_acquire(inputs, held=self.admitted, bulk=self.priority > 0)
         if permits is None:
             raise overloaded()
         self.admitted += permits

@@ -15,6 +15,7 @@ from server.services import Services
 
 OPEN_PATHS = ("/health", "/version", "/metrics", "/status")
 OPEN_PAGES = ("/",)  # open to GET only (the status page): POST / is an API route and keeps the key
+TRACESTATE_LIMIT = 8192  # 32 entries of 256 characters, what W3C trace context allows
 QUIET_PATHS = ("/health", "/metrics", "/status")  # probes, scrapes and the status page's polls log at debug level
 
 access_log = structlog.get_logger("warmpool.access")
@@ -65,7 +66,8 @@ class RequestTracking:
             route = path if path in self.routes else "other"
             self._record(scope["method"], path, route, status, state, time.perf_counter() - started, ids)
             if span is not None:
-                tracing.end_request(span, path, route, status, state.get("access") or {})  # type: ignore[union-attr]
+                access = state.get("access") or state.get("traced") or {}
+                tracing.end_request(span, scope["method"], path, route, status, access)  # type: ignore[union-attr]
 
     def _quiet(self, path: str) -> bool:
         return path.startswith(QUIET_PATHS) or path in self.probes
@@ -146,7 +148,7 @@ class ApiKeyGuard:
         self.probes = probes  # platforms' health checks carry no key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.probes or _is_open(scope["path"], scope["method"]):
+        if scope["type"] != "http" or _is_open(scope["path"], scope["method"], self.probes):
             await self.app(scope, receive, send)
             return
         given = (_header(scope, b"authorization", limit=None) or "").encode("latin-1")
@@ -158,19 +160,26 @@ class ApiKeyGuard:
         await response(scope, receive, send)
 
 
-def _is_open(path: str, method: str) -> bool:
-    if path in OPEN_PAGES and method == "GET":
+def _is_open(path: str, method: str, probes: tuple[str, ...] = ()) -> bool:
+    if method in ("GET", "HEAD") and (path in OPEN_PAGES or path in probes):
         return True
     return any(path == p or path.startswith(p + "/") for p in OPEN_PATHS)
 
 
 def _trace_headers(scope: Scope) -> dict[str, str]:
-    """W3C trace context from the request: `traceparent` and `tracestate`, each within 512 characters."""
-    found = {}
-    for name in (b"traceparent", b"tracestate"):
-        value = _header(scope, name)
-        if value is not None:
-            found[name.decode()] = value
+    """W3C trace context from the request: `traceparent`, and `tracestate` with repeated header
+    lines joined (RFC 9110), each within what the SDK would parse (it drops a longer tracestate)."""
+    parent: str | None = None
+    states: list[str] = []
+    for key, value in scope.get("headers", []):
+        if key == b"traceparent" and parent is None:
+            parent = value.decode("latin-1")[:128]
+        elif key == b"tracestate":
+            states.append(value.decode("latin-1"))
+    found = {} if parent is None else {"traceparent": parent}
+    state = ",".join(states)
+    if states and len(state) <= TRACESTATE_LIMIT:
+        found["tracestate"] = state
     return found
 
 

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
 from common.wire import Tokens
 from server.engine_client import EngineFailed, EngineUnavailable, Outcome
-from server.errors import APIError, ClientDisconnected, Shape
+from server.errors import APIError, ClientDisconnected, Shape, bad_request
 from server.inputs import RequestContext
+from server.protocol import PRIORITY_LIMIT
 from server.services import ServedModel, Services, services
 
 B = TypeVar("B")
@@ -143,14 +146,51 @@ def in_shape(shape: Shape) -> Iterator[None]:
         raise
 
 
+PRIORITY_HEADER = "x-priority"
+
+
+def header_priority(request: Request) -> int:
+    """The `x-priority` header's priority (0 without one), for clients that cannot add a body field."""
+    text = request.headers.get(PRIORITY_HEADER)
+    if text is None:
+        return 0
+    try:
+        return checked_priority(int(text), PRIORITY_HEADER)
+    except ValueError:
+        raise bad_request(f"{PRIORITY_HEADER} must be an integer, not {text[:40]!r}", PRIORITY_HEADER) from None
+
+
+def checked_priority(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= PRIORITY_LIMIT:
+        raise bad_request(f"'{where}' must be an integer of magnitude below {PRIORITY_LIMIT}", where)
+    return value
+
+
+def at_priority(prepare: Prepare, raw: bytes, ctx: RequestContext) -> Prepared[Any]:
+    """prepare, with the request's priority known before it takes its permits: the body's
+    `priority` (parsed again only where the body names one) over the header's; its inputs carry it."""
+    if b'"priority"' in raw:
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            data = None  # prepare says what is wrong with the body
+        if isinstance(data, dict) and data.get("priority") is not None:
+            ctx.priority = checked_priority(data["priority"], "priority")
+    prepared = prepare(raw, ctx)
+    if ctx.priority:
+        prepared.tokens = [tokens._replace(priority=ctx.priority) for tokens in prepared.tokens]
+    return prepared
+
+
 @contextlib.contextmanager
-def admitted(svc: Services, shape: Shape = "openai") -> Iterator[RequestContext]:
+def admitted(svc: Services, shape: Shape = "openai", priority: int = 0) -> Iterator[RequestContext]:
     """A request context holding the request's first admission permit (taken on the loop, so a full
     server refuses at once with 429); prepare takes the rest. Every permit is released on exit (or,
     for a request abandoned while prepare ran, when prepare ends). Errors leave in the shape of the
     surface the request speaks (`shape`, or the one prepare found in the body)."""
     ctx = request_context(svc)
     ctx.shape = shape
+    ctx.priority = priority
     try:
         ctx.admit(1)
         yield ctx
@@ -169,16 +209,20 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
     and the client's disconnect cover every step after the body has arrived, preparation included."""
     svc = services(request)
     timings = Timings()
+    traced: dict[str, Any] = {"timings": timings}  # a failed request's trace has its stages too
+    request.state.traced = traced
     with in_shape(shape):
         svc.default_model()  # 503 before reading the body of a request that cannot be served
+        priority = header_priority(request)
         raw = await read_body(request, svc)
     arrived = timings.arrived = time.perf_counter()  # tokenization time counts from here, not from the upload
     loop = asyncio.get_running_loop()
     deadline = loop.time() + svc.settings.request_timeout
     gone = asyncio.ensure_future(_client_gone(request))
     try:
-        with admitted(svc, shape) as ctx:
-            prepared = await prepare_in_time(svc, prepare, raw, ctx, gone, deadline)
+        with admitted(svc, shape, priority) as ctx:
+            traced["model"] = ctx.model_name
+            prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
             timings.submitted = time.perf_counter()
             timings.tokenization_ms = (timings.submitted - arrived) * 1000
             outcome = await run_on_engine(

@@ -38,8 +38,13 @@ def check_input_shape(value: Any, field: str = "input") -> Any:
     return value
 
 
+PRIORITY_LIMIT = 2**31  # |priority| below it: any scheme clients use, and a bounded number
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    # vLLM's `priority`: lower runs first, 0 by default (read before the body is parsed: pipeline.py)
+    priority: StrictInt = Field(default=0, gt=-PRIORITY_LIMIT, lt=PRIORITY_LIMIT)
 
 
 class InputRequest(Body):

@@ -13,6 +13,8 @@ made a traced request cost ~1.2 ms of CPU where one span with five events costs 
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Mapping
 from importlib import metadata
@@ -28,24 +30,33 @@ if TYPE_CHECKING:
     from server.pipeline import Timings
 
 EXPORT_TIMEOUT_S = 5.0  # a collector that does not answer costs one batch's wait, not the shutdown
-FLUSH_TIMEOUT_MS = 3000
+SHUTDOWN_TIMEOUT_S = 3.0  # what SIGTERM waits for queued spans to leave
 _TERMINAL = ("done", "skipped", "failed")
+# HTTP semantic conventions: other methods are `_OTHER` (span names stay a bounded set)
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"})
 
 
 def configure(settings: Settings) -> Tracing | None:
     """The tracer for the settings' collector, or None (and no import) when tracing is off."""
     if not settings.otlp_endpoint:
         return None
-    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    resource = Resource.create(
-        {"service.name": settings.otlp_service_name, "service.version": metadata.version("warmpool")}
-    )
+    # The SDK's batch processor warns once per span it drops when its queue is full: on the event
+    # loop, under load, while the collector is away. Its errors still reach the log.
+    logging.getLogger("opentelemetry").setLevel(logging.ERROR)
+    attributes = {"service.version": metadata.version("warmpool")}
+    if settings.otlp_service_name:
+        attributes[SERVICE_NAME] = settings.otlp_service_name
+    resource = Resource.create(attributes)  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES apply
+    if str(resource.attributes.get(SERVICE_NAME, "unknown_service")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "warmpool"}))
     provider = TracerProvider(resource=resource)  # sampler: OTEL_TRACES_SAMPLER, parent-based by default
-    provider.add_span_processor(BatchSpanProcessor(exporter(settings.otlp_endpoint, settings.otlp_protocol)))
-    return Tracing(provider)
+    processor = BatchSpanProcessor(exporter(settings.otlp_endpoint, settings.otlp_protocol))
+    provider.add_span_processor(processor)
+    return Tracing(provider, processor)
 
 
 def exporter(endpoint: str, protocol: str) -> Any:
@@ -61,11 +72,13 @@ def exporter(endpoint: str, protocol: str) -> Any:
 
 
 class Tracing:
-    def __init__(self, provider: TracerProvider) -> None:
+    def __init__(self, provider: TracerProvider, processor: Any = None) -> None:
         from opentelemetry import trace
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.provider = provider
+        self.processor = processor
+        self._phases_seen: set[str] = set()
         self.tracer: Tracer = provider.get_tracer("warmpool")
         self._trace = trace
         self._propagator = TraceContextTextMapPropagator()
@@ -80,21 +93,29 @@ class Tracing:
         from opentelemetry.trace import SpanKind
 
         parent = self._propagator.extract(headers) if "traceparent" in headers else None
-        return self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER)
+        return self.tracer.start_span(method if method in _METHODS else "HTTP", context=parent, kind=SpanKind.SERVER)
 
     @staticmethod
     def trace_id(span: Span) -> str:
         return format(span.get_span_context().trace_id, "032x")
 
-    def end_request(self, span: Span, path: str, route: str, status: int, access: Mapping[str, Any]) -> None:
-        """Name the span by its route, record what the request asked for, add its stages, end it."""
+    def end_request(
+        self, span: Span, method: str, path: str, route: str, status: int, access: Mapping[str, Any]
+    ) -> None:
+        """Name the span by its route, record what the request asked for, add its stages, end it
+        (a span the sampler dropped records nothing: it is only ended)."""
+        if not span.is_recording():
+            span.end()
+            return
         from opentelemetry.trace import Status, StatusCode
 
-        method = span.name  # type: ignore[attr-defined]
-        span.update_name(f"{method} {route}" if route != "other" else method)
+        known = method if method in _METHODS else "_OTHER"
+        name = "HTTP" if known == "_OTHER" else known
+        span.update_name(f"{name} {route}" if route != "other" else name)
         attributes: dict[str, Any] = {
-            "http.request.method": method,
+            "http.request.method": known,
             "url.path": path,
+            "url.scheme": "http",
             "http.response.status_code": status,
         }
         if route != "other":
@@ -127,8 +148,12 @@ class Tracing:
         startup.watch(self._phase)
 
     def _phase(self, record: dict[str, Any]) -> None:
+        """A span for a phase the first time it ends (compile is reported again by each engine)."""
         if record["state"] not in _TERMINAL or record["started_s"] is None or self._start is None:
             return
+        if record["name"] in self._phases_seen:
+            return
+        self._phases_seen.add(record["name"])
         from opentelemetry.trace import Status, StatusCode
 
         start = self._begun + int(record["started_s"] * 1e9)
@@ -146,11 +171,16 @@ class Tracing:
             span.set_status(Status(StatusCode.ERROR, str(record["detail"].get("error", ""))))
         span.end(end_time=end)
         if record["name"] == "ready":
+            if record["state"] != "done":
+                self._start.set_status(Status(StatusCode.ERROR, "the start did not reach ready"))
             self._start.end(end_time=end)
 
     def shutdown(self) -> None:
-        """Export what is queued (within FLUSH_TIMEOUT_MS), then stop the exporter."""
+        """Export what is queued, for at most SHUTDOWN_TIMEOUT_S (the SDK's own flush ignores its
+        timeout, and its shutdown waits up to 30 s): the exporter's thread is a daemon, so a
+        collector that does not answer is left behind, not waited for."""
         if self._start is not None and self._start.is_recording():
             self._start.end()
-        self.provider.force_flush(FLUSH_TIMEOUT_MS)
-        self.provider.shutdown()
+        closing = threading.Thread(target=self.provider.shutdown, name="warmpool-trace-shutdown", daemon=True)
+        closing.start()
+        closing.join(SHUTDOWN_TIMEOUT_S)

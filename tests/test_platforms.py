@@ -38,6 +38,7 @@ def test_vertex_port_wins_and_its_health_route_answers_without_the_key(vertex: S
     assert r.status_code == 200 and r.json() == {"status": "ready"}
     assert httpx.get(vertex.url + "/ping").status_code == 200  # SageMaker's probe: open too
     assert httpx.post(vertex.url + VERTEX_PREDICT, json={"instances": ["x"]}).status_code == 401
+    assert httpx.post(vertex.url + HEALTH, json={}).status_code == 401  # open to GET only
 
 
 def test_vertex_predictions_are_the_models_vectors(vertex: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
@@ -58,6 +59,7 @@ def test_vertex_predictions_are_the_models_vectors(vertex: ServerProcess, st_mod
         ({"instances": []}, ["instances"]),
         ({"instances": ["ok", 5]}, ["instances[1]"]),
         ({"instances": ["ok", "word " * 600]}, ["instances[1]", "256"]),
+        ({"instances": ["ok"], "parameters": {"dimensions": 10**30}}, ["parameters"]),
     ],
 )
 def test_vertex_errors_are_400s_naming_the_instance(vertex: ServerProcess, body: dict, words: list) -> None:  # type: ignore[type-arg]
@@ -82,7 +84,11 @@ def test_vertex_classifier_predictions_are_tei_predictions(classifier_server: Se
     )
     assert r.status_code == 200, r.text
     expected = classifier_server.post("/predict", json={"inputs": [[TEXTS[0]], TEXTS[1:3], [TEXTS[3]]]}).json()
-    assert r.json()["predictions"] == expected
+    got = r.json()["predictions"]
+    assert [[p["label"] for p in one] for one in got] == [[p["label"] for p in one] for one in expected]
+    np.testing.assert_allclose(
+        [[p["score"] for p in one] for one in got], [[p["score"] for p in one] for one in expected], atol=1e-6
+    )
 
 
 def test_vertex_cross_encoder_predictions_are_the_pairs_scores(cross_encoder_server: ServerProcess) -> None:

@@ -94,7 +94,7 @@ def test_a_request_without_traceparent_starts_a_trace_named_in_the_access_log(
 def test_probes_are_not_traced(traced: tuple[ServerProcess, HttpReceiver]) -> None:
     """Readiness probes and scrapes make no spans: a request sent after them is exported, they are not."""
     proc, receiver = traced
-    for path in ("/health/ready", "/metrics"):
+    for path in ("/health/ready", "/metrics", "/ping"):
         assert "x-trace-id" not in proc.get(path).headers
     server_span(receiver, embed(proc).headers["x-trace-id"])
     assert not [s for s in receiver.received.spans if s["name"].startswith("GET")]
@@ -116,9 +116,25 @@ def test_the_start_is_one_trace_with_a_span_per_phase(traced: tuple[ServerProces
     )
     assert set(phases) >= {"bind", "prefetch", "forkserver", "engine", "warmup", "compile", "ready"}
     assert {s["parent_span_id"] for s in phases.values()} == {start["span_id"]}
+    names = [s["name"] for s in receiver.received.of_trace(start["trace_id"])]
+    assert len(names) == len(set(names)), names  # one span per phase, however often it is reported
     assert phases["compile"]["attributes"]["warmpool.phase.state"] == "skipped"
     assert phases["engine"]["attributes"]["warmpool.phase.state"] == "done"
     assert all(start["start"] <= s["start"] <= s["end"] for s in phases.values())
     # compile may end after ready (it runs on past it); every other phase ends inside the start
     assert all(s["end"] <= start["end"] for name, s in phases.items() if name != "compile")
     assert phases["ready"]["end"] == start["end"]
+
+
+def test_a_request_the_caller_did_not_sample_is_served_and_not_exported(
+    traced: tuple[ServerProcess, HttpReceiver],
+) -> None:
+    """traceparent flags 00: the request is answered as any other, its trace id echoed, and no
+    span of that trace leaves (the sampler follows the caller)."""
+    proc, receiver = traced
+    trace_id = secrets.token_hex(16)
+    r = embed(proc, {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-00"})
+    assert r.headers["x-trace-id"] == trace_id
+    server_span(receiver, embed(proc).headers["x-trace-id"])  # a later, sampled request has arrived
+    assert receiver.received.of_trace(trace_id) == []
+    assert "Traceback" not in proc.logs()

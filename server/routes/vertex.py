@@ -86,7 +86,11 @@ def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
         render = sparse.render_embed_sparse if sparse_model else tei.render_embed
         parameters["inputs"] = texts
     try:
-        inner = prepare(orjson.dumps(parameters), ctx)
+        body_bytes = orjson.dumps(parameters)
+    except TypeError:  # an integer past 64 bits: no option takes one
+        raise inputs.bad_request("'parameters' holds a number out of range", "parameters") from None
+    try:
+        inner = prepare(body_bytes, ctx)
     except APIError as exc:
         raise _as_instances(exc) from None
     return Prepared(inner, inner.tokens, render)

@@ -150,7 +150,8 @@ def test_container_serves_like_the_local_server(
 
 def test_container_under_sagemakers_contract(engine: docker.DockerClient, image: str, model_dir: Path) -> None:
     """Run as SageMaker runs it: `docker run IMAGE serve`, the model data mounted at /opt/ml/model,
-    port 8080. /ping turns 200, the mounted model (not the embedded one) serves /invocations."""
+    port 8080. /ping turns 200, the mounted model (not the embedded one) serves /invocations, and
+    the image's health check follows the port."""
     port = free_port()
     box = engine.containers.run(
         image,
@@ -171,5 +172,11 @@ def test_container_under_sagemakers_contract(engine: docker.DockerClient, image:
             r = http.post("/invocations", json={"inputs": ["sagemaker sends this"]})
             assert r.status_code == 200, r.text
             assert len(r.json()) == 1 and len(r.json()[0]) == 384
+
+        def healthy() -> bool:  # the image's HEALTHCHECK finds the port `serve` moved
+            box.reload()
+            return bool(box.attrs["State"]["Health"]["Status"] == "healthy")
+
+        wait_for(healthy, 60, "the HEALTHCHECK on port 8080", interval=1)
     finally:
         box.remove(force=True)

@@ -112,3 +112,20 @@ def test_only_the_permits_beyond_those_held_must_fit() -> None:
     assert admission.try_acquire(3, held=2) == 1
     assert admission.try_acquire(5, held=3) is None
     assert admission.used == 10
+
+
+def test_bulk_work_cannot_take_the_reserved_share() -> None:
+    """With a quarter reserved, bulk requests (priority above 0) stop at three quarters of the
+    permits, and interactive ones still get the rest."""
+    admission = Admission(100, reserve=0.25)
+    assert admission.try_acquire(75, bulk=True) == 75
+    assert admission.try_acquire(1, bulk=True) is None
+    assert admission.try_acquire(25) == 25
+
+
+def test_a_bulk_request_larger_than_its_share_takes_all_of_the_share() -> None:
+    """As a request larger than the capacity runs alone, a bulk one larger than the bulk share
+    takes all of that share, never the reserve."""
+    admission = Admission(100, reserve=0.25)
+    assert admission.try_acquire(500, bulk=True) == 75
+    assert admission.try_acquire(10) == 10

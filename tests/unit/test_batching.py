@@ -10,7 +10,7 @@ from collections import deque
 import pytest
 
 from common.wire import Keyed, Tokens
-from engine.batching import split_by_length, split_by_tokens, take_batch
+from engine.batching import Pending, split_by_length, split_by_tokens, take_batch
 
 
 def item(key: int, length: int) -> Keyed:
@@ -225,3 +225,44 @@ def test_split_by_length_keeps_inputs_of_one_length_in_one_group(overhead: float
     """Inputs of one length need no padding, so any split would only add calls."""
     batch = [item(key, 12) for key in range(6)]
     assert len(split_by_length(batch, call_overhead=overhead)) == 1
+
+
+# Pending: by priority
+
+
+def urgent(key: int, length: int, priority: int) -> Keyed:
+    return (key, Tokens(list(range(length)), priority=priority))
+
+
+def test_pending_takes_the_most_urgent_priority_first_then_oldest() -> None:
+    """Lower priority numbers run first; within one priority, arrival order."""
+    pending = Pending()
+    pending.extend([urgent(0, 4, 1), urgent(1, 4, 0), urgent(2, 4, 1), urgent(3, 4, -1), urgent(4, 4, 0)])
+    assert keys(pending.take(max_tokens=1000, max_size=100)) == [3, 1, 4, 0, 2]
+    assert not pending
+
+
+def test_a_full_budget_leaves_lower_priorities_waiting() -> None:
+    """The padded budget is spent on the urgent inputs first; the rest wait for the next batch."""
+    pending = Pending()
+    pending.extend([urgent(0, 10, 5), urgent(1, 10, 0), urgent(2, 10, 0)])
+    assert keys(pending.take(max_tokens=20, max_size=100)) == [1, 2]
+    assert keys(list(pending)) == [0]
+
+
+def test_requeued_inputs_go_back_ahead_of_their_priority() -> None:
+    """Inputs taken but not run return in front of those that came after them."""
+    pending = Pending()
+    pending.extend([urgent(5, 3, 1)])
+    pending.requeue([urgent(1, 3, 1), urgent(2, 3, 1)])
+    assert keys(list(pending)) == [1, 2, 5]
+    assert pending.best() == 1
+
+
+def test_drop_removes_cancelled_inputs_of_every_priority() -> None:
+    """A CANCEL finds its inputs whatever their priority; emptied priorities are gone."""
+    pending = Pending()
+    pending.extend([urgent(0, 3, 0), urgent(1, 3, 2), urgent(2, 3, 2)])
+    pending.drop({0, 2})
+    assert keys(list(pending)) == [1]
+    assert pending.best() == 2 and len(pending) == 1

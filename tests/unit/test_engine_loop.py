@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import multiprocessing
-from collections import deque
 
-from common.wire import Keyed, Msg, Tokens
-from engine.process import _handle
+import numpy as np
+
+from common.wire import Msg, Tokens, send
+from engine.batching import Pending
+from engine.process import _handle, _run_batch
 
 
 def test_a_cancel_drops_queued_inputs_and_is_acknowledged() -> None:
     """CANCEL removes those inputs from the queue and answers CANCELLED, so the client stops
     counting them as this engine's load."""
     ours, theirs = multiprocessing.Pipe(duplex=True)
-    pending: deque[Keyed] = deque([(1, Tokens([5])), (2, Tokens([6])), (3, Tokens([7]))])
+    pending = Pending()
+    pending.extend([(1, Tokens([5])), (2, Tokens([6])), (3, Tokens([7]))])
     assert _handle(theirs, (Msg.CANCEL, [1, 3]), pending)
     assert [key for key, _ in pending] == [2]
     assert ours.poll(5) and ours.recv() == (Msg.CANCELLED, None)
@@ -22,4 +25,44 @@ def test_a_cancel_drops_queued_inputs_and_is_acknowledged() -> None:
 def test_stop_ends_the_loop() -> None:
     """STOP makes the handler say the engine should stop."""
     _, theirs = multiprocessing.Pipe(duplex=True)
-    assert _handle(theirs, (Msg.STOP, None), deque()) is False
+    assert _handle(theirs, (Msg.STOP, None), Pending()) is False
+
+
+class FakeModel:
+    """Stands in for a packed PoolingModel: one zero vector per input."""
+
+    packed = True
+
+    def forward(self, items: list[Tokens]) -> np.ndarray:
+        return np.zeros((len(items), 2), dtype=np.float32)
+
+
+class FakeShare:
+    def working(self) -> None:
+        pass
+
+
+def test_more_urgent_work_stops_a_batch_between_groups() -> None:
+    """An urgent input arriving while a bulk batch runs stops it after the group in progress: the
+    groups not run go back to the queue behind the urgent input, in their order."""
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    bulk = [(key, Tokens(list(range(300)), priority=1)) for key in range(3)]  # one group each
+    send(ours, (Msg.SUBMIT, [(9, Tokens([1, 2, 3]))]))  # priority 0, there before the second group
+    assert theirs.poll(5)
+    pending = Pending()
+    assert _run_batch(theirs, FakeModel(), bulk, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
+    kind, (keys, _, _) = ours.recv()
+    assert (kind, keys) == (Msg.RESULT, [0])
+    assert not ours.poll(0.1)  # nothing else ran
+    assert [key for key, _ in pending] == [9, 1, 2]
+
+
+def test_work_of_the_same_priority_waits_for_the_batch() -> None:
+    """Inputs no more urgent than the batch's are queued and the batch runs to its end."""
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    batch = [(key, Tokens(list(range(300)))) for key in range(3)]
+    send(ours, (Msg.SUBMIT, [(9, Tokens([1, 2, 3]))]))
+    pending = Pending()
+    assert _run_batch(theirs, FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
+    assert [ours.recv()[1][0] for _ in range(3)] == [[0], [1], [2]]
+    assert [key for key, _ in pending] == [9]

@@ -12,6 +12,10 @@ from orchestrator.platforms import overrides, sagemaker_model
 
 
 def settings(args: list[str], environ: dict[str, str], model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    import os
+
+    for name in [n for n in os.environ if n.startswith(("WARMPOOL_", "AIP_", "SAGEMAKER_"))]:
+        monkeypatch.delenv(name)  # the runner's own settings must not decide these tests
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     rest, fixed = overrides(args, environ, model_dir)
@@ -91,3 +95,18 @@ def test_a_route_that_is_not_a_path_is_refused(tmp_path: Path, monkeypatch: pyte
     """A route must start with '/': anything else would never match a request."""
     with pytest.raises(ValueError, match="predict_route"):
         settings([], {"AIP_PREDICT_ROUTE": "predict"}, tmp_path, monkeypatch)
+
+
+def test_the_health_route_cannot_be_the_predict_route(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One path cannot be both the open probe and the keyed predict route."""
+    with pytest.raises(ValueError, match="give each its own path"):
+        settings([], {"AIP_HEALTH_ROUTE": "/v1/x", "AIP_PREDICT_ROUTE": "/v1/x"}, tmp_path, monkeypatch)
+
+
+def test_the_bound_port_is_written_where_asked(tmp_path: Path) -> None:
+    """WARMPOOL_PORT_FILE receives the port the socket got; an unwritable one costs nothing but a line."""
+    from orchestrator.__main__ import _write_port
+
+    _write_port(tmp_path / "port", 8080)
+    assert (tmp_path / "port").read_text() == "8080\n"
+    _write_port(tmp_path / "missing" / "port", 8080)  # no folder: the start goes on
