@@ -20,11 +20,20 @@ from pathlib import Path
 from bench.common import MODEL, Connection, pct, run, sentences
 from tests.server_process import ServerProcess
 
-CONDITIONS = ("alone", "bulk, same priority", "bulk at priority 1")
+# name: (bulk priority or None for no bulk, whether the interactive client runs)
+CONDITIONS = {
+    "alone": (None, True),
+    "bulk, same priority": (0, True),
+    "bulk at priority 1": (1, True),
+    "bulk at priority 1, no interactive client": (1, False),
+}
 
 
-async def phase(port: int, seconds: float, bulk: int, bulk_inputs: int, priority: int | None, texts: list[str]):  # type: ignore[no-untyped-def]
-    """(interactive latencies in ms, bulk inputs answered) over `seconds`; no bulk when priority is None."""
+async def phase(  # type: ignore[no-untyped-def]
+    port: int, seconds: float, bulk: int, bulk_inputs: int, priority: int | None, texts: list[str], ask: bool
+):
+    """(interactive latencies in ms, bulk inputs answered) over `seconds`; no bulk when priority is
+    None, no interactive client unless `ask`."""
     deadline = time.perf_counter() + seconds
     latencies: list[float] = []
     answered = 0
@@ -49,7 +58,7 @@ async def phase(port: int, seconds: float, bulk: int, bulk_inputs: int, priority
         conn.close()
 
     floods = [flood(i + 10) for i in range(bulk)] if priority is not None else []
-    await asyncio.gather(interactive(), *floods)
+    await asyncio.gather(*([interactive()] if ask else []), *floods)
     return latencies, answered
 
 
@@ -79,6 +88,9 @@ def main() -> None:
             server.stop()
     alone_p99 = pct(results["alone"][0], 0.99)
     for condition, (lat, done, seconds) in results.items():
+        if not lat:
+            print(f"{condition}: bulk {done / seconds:.0f} inputs/s")
+            continue
         p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
         bulk = f", bulk {done / seconds:.0f} inputs/s" if done else ""
         print(

@@ -10,7 +10,15 @@ from collections import deque
 import pytest
 
 from common.wire import Keyed, Tokens
-from engine.batching import Pending, split_by_length, split_by_tokens, take_batch
+from engine.batching import (
+    BULK_GROUP_TOKENS,
+    GROUP_TOKENS,
+    Pending,
+    split_by_length,
+    split_by_tokens,
+    split_packed,
+    take_batch,
+)
 
 
 def item(key: int, length: int) -> Keyed:
@@ -266,3 +274,17 @@ def test_drop_removes_cancelled_inputs_of_every_priority() -> None:
     pending.drop({0, 2})
     assert keys(list(pending)) == [1]
     assert pending.best() == 2 and len(pending) == 1
+
+
+def test_bulk_runs_in_small_groups_only_while_urgent_work_is_about() -> None:
+    """Bulk alone keeps the usual group budget; an urgent arrival shrinks bulk groups for a while,
+    and the urgent inputs never share a group with bulk ones."""
+    pending = Pending()
+    pending.extend([urgent(0, 60, 1)])
+    assert pending.bulk_group_tokens() == GROUP_TOKENS
+    pending.extend([urgent(1, 10, 0)])
+    assert pending.bulk_group_tokens() == BULK_GROUP_TOKENS
+    batch = [urgent(1, 10, 0), *(urgent(k, 40, 1) for k in range(2, 8))]
+    groups = split_packed(batch, BULK_GROUP_TOKENS)
+    assert keys(groups[0]) == [1]
+    assert all(sum(len(t.input_ids) for _, t in g) <= BULK_GROUP_TOKENS for g in groups[1:])
