@@ -76,12 +76,13 @@ def main() -> None:
         try:
             server.wait_engines()
             for round_ in range(args.rounds):
-                order = CONDITIONS if round_ % 2 == 0 else CONDITIONS[::-1]
+                order = list(CONDITIONS) if round_ % 2 == 0 else list(CONDITIONS)[::-1]
                 for condition in order:
-                    priority = {"alone": None, "bulk, same priority": 0, "bulk at priority 1": 1}[condition]
-                    lat, done = run(
-                        phase(server.port, args.seconds, args.bulk_clients, args.bulk_inputs, priority, texts)
+                    priority, ask = CONDITIONS[condition]
+                    measured = phase(
+                        server.port, args.seconds, args.bulk_clients, args.bulk_inputs, priority, texts, ask
                     )
+                    lat, done = run(measured)
                     before = results[condition]
                     results[condition] = (before[0] + lat, before[1] + done, before[2] + args.seconds)
         finally:
