@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from bench.common import MODEL, Connection, pct, run, sentences
+from engine.batching import URGENT_WINDOW_S
 from tests.server_process import ServerProcess
 
 # name: (bulk priority or None for no bulk, whether the interactive client runs)
@@ -79,6 +80,8 @@ def main() -> None:
                 order = list(CONDITIONS) if round_ % 2 == 0 else list(CONDITIONS)[::-1]
                 for condition in order:
                     priority, ask = CONDITIONS[condition]
+                    if not ask:  # let the engines forget the urgent traffic: bulk alone runs full groups
+                        time.sleep(URGENT_WINDOW_S)
                     measured = phase(
                         server.port, args.seconds, args.bulk_clients, args.bulk_inputs, priority, texts, ask
                     )

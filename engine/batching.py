@@ -134,12 +134,13 @@ def split_by_tokens(batch: list[Keyed], budget: int = GROUP_TOKENS) -> list[list
     return groups
 
 
-def split_by_priority(batch: list[Keyed]) -> list[list[Keyed]]:
-    """The batch's runs of one priority (Pending.take orders a batch by priority): groups never mix
-    priorities, so urgent inputs run in a group of their own, not behind bulk tokens."""
+def split_by_urgency(batch: list[Keyed]) -> list[list[Keyed]]:
+    """The batch's urgent inputs (priority 0 or lower) and its bulk ones, apart (Pending.take orders
+    a batch by priority): urgent inputs run in groups of their own, not behind bulk tokens, while
+    clients that give every request its own priority still get full groups."""
     runs: list[list[Keyed]] = []
     for item in batch:
-        if not runs or runs[-1][0][1].priority != item[1].priority:
+        if not runs or (runs[-1][0][1].priority > 0) != (item[1].priority > 0):
             runs.append([])
         runs[-1].append(item)
     return runs
@@ -149,7 +150,7 @@ def split_packed(batch: list[Keyed], bulk_tokens: int = GROUP_TOKENS) -> list[li
     """split_by_tokens over each priority's run; bulk runs (priority above 0) in `bulk_tokens` groups."""
     return [
         group
-        for run in split_by_priority(batch)
+        for run in split_by_urgency(batch)
         for group in split_by_tokens(run, bulk_tokens if run[0][1].priority > 0 else GROUP_TOKENS)
     ]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from common.modelfolder import ModelError, read_model_folder, weight_files
 from common.wire import EngineSpec, Keyed, Msg, Tokens, send
-from engine.batching import GROUP_TOKENS, Pending, split_by_length, split_by_priority, split_packed
+from engine.batching import GROUP_TOKENS, Pending, split_by_length, split_by_urgency, split_packed
 from engine.checkpoint import refuse_pickles
 from engine.compiler import Compilation
 from engine.device import memory_detail, place
@@ -148,7 +148,10 @@ def serve_batches(
         except (EOFError, OSError):
             return  # the HTTP process is gone: nothing left to serve
         batch = pending.take(spec.max_batch_tokens, spec.max_batch_size)
-        if batch and not _run_batch(conn, model, batch, overhead, share, pending):
+        try:
+            if batch and not _run_batch(conn, model, batch, overhead, share, pending):
+                return
+        except (EOFError, OSError):
             return
         if compilation is not None:
             _switch_if_built(conn, compilation)
@@ -160,12 +163,16 @@ def _switch_if_built(conn: Connection, compilation: Compilation) -> None:
         send(conn, (Msg.COMPILE, compilation.detail))
 
 
-def _handle(conn: Connection, message: tuple[str, Any], pending: Pending) -> bool:
+def _handle(conn: Connection, message: tuple[str, Any], pending: Pending, cancelled: set[int] | None = None) -> bool:
+    """One message from the HTTP process; False for STOP. Cancelled keys are also added to
+    `cancelled` (a running batch drops them from the groups it has not run)."""
     kind, body = message
     if kind == Msg.SUBMIT:
         pending.extend(body)
     elif kind == Msg.CANCEL:
         pending.drop(set(body))
+        if cancelled is not None:
+            cancelled.update(body)
         # The client counts cancelled inputs as this engine's load until it hears from it: an
         # engine that only dropped them would otherwise look busy (and, idle, stalled) forever.
         send(conn, (Msg.CANCELLED, None))
@@ -186,17 +193,24 @@ def _run_batch(
     if model.packed:
         groups = split_packed(batch, pending.bulk_group_tokens())
     else:
-        groups = [group for run in split_by_priority(batch) for group in split_by_length(run, overhead)]
+        groups = [group for run in split_by_urgency(batch) for group in split_by_length(run, overhead)]
+    cancelled: set[int] = set()
     for index, group in enumerate(groups):
-        if index and conn.poll(0):
+        if index:
             while conn.poll(0):
-                if not _handle(conn, conn.recv(), pending):
+                if not _handle(conn, conn.recv(), pending, cancelled):
                     return False
-            rest = [item for later in groups[index:] for item in later]
+            if cancelled:  # acknowledged as dropped: they must not run (the client no longer counts them)
+                group = [item for item in group if item[0] not in cancelled]
+                groups[index + 1 :] = [[i for i in g if i[0] not in cancelled] for g in groups[index + 1 :]]
+                cancelled.clear()
             best = pending.best()
-            if best is not None and best < min(tokens.priority for _, tokens in rest):
-                pending.requeue(rest)
+            # groups run in priority order, so a group's first input is the most urgent left
+            if best is not None and group and best < group[0][1].priority:
+                pending.requeue([item for later in [group, *groups[index + 1 :]] for item in later])
                 return True
+            if not group:
+                continue
         share.working()
         t0 = time.perf_counter()
         try:

@@ -41,9 +41,16 @@ def check_input_shape(value: Any, field: str = "input") -> Any:
 PRIORITY_LIMIT = 2**31  # |priority| below it: any scheme clients use, and a bounded number
 
 
-class Body(BaseModel):
+class Part(BaseModel):
+    """A part of a request body (a document, TEI's similarity inputs)."""
+
     model_config = ConfigDict(extra="ignore")
-    # vLLM's `priority`: lower runs first, 0 by default (read before the body is parsed: pipeline.py)
+
+
+class Body(Part):
+    """A request body: every surface's takes vLLM's `priority` (lower runs first, 0 by default;
+    read before the body is parsed: pipeline.at_priority)."""
+
     priority: StrictInt = Field(default=0, gt=-PRIORITY_LIMIT, lt=PRIORITY_LIMIT)
 
 
@@ -61,14 +68,14 @@ class InputRequest(Body):
         return check_input_shape(value)
 
 
-class SparseOptions(Body):
+class SparseOptions(Part):
     """Pruning of a sparse (SPLADE) model's weights: the `top_k` largest, those above `threshold`."""
 
     top_k: int | None = Field(None, ge=1)
     threshold: float | None = Field(None, ge=0)
 
 
-class LongInputOptions(Body):
+class LongInputOptions(Part):
     """What to do with a text longer than the model takes (default WARMPOOL_LONG_INPUTS)."""
 
     long_inputs: Literal["refuse", "truncate", "chunk"] | None = None
@@ -121,7 +128,7 @@ class ScoreRequest(Body):
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
 
 
-class DocumentText(Body):
+class DocumentText(Part):
     """Cohere v1's document object: the text is what is ranked."""
 
     text: StrictStr

@@ -9,6 +9,7 @@ from pydantic import BeforeValidator, Field, StrictInt, StrictStr
 from server.protocol import (
     Body,
     LongInputOptions,
+    Part,
     SparseOptions,
     TextOrTokens,
     TruncationDirection,
@@ -51,7 +52,7 @@ class TEIPredictRequest(Body):
     raw_scores: bool = False
 
 
-class SimilarityInput(Body):
+class SimilarityInput(Part):
     source_sentence: StrictStr
     sentences: list[StrictStr]
 

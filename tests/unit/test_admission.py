@@ -129,3 +129,12 @@ def test_a_bulk_request_larger_than_its_share_takes_all_of_the_share() -> None:
     admission = Admission(100, reserve=0.25)
     assert admission.try_acquire(500, bulk=True) == 75
     assert admission.try_acquire(10) == 10
+
+
+def test_a_request_found_bulk_after_its_first_permit_is_refused_past_the_bulk_share() -> None:
+    """The first permit is taken before the body says bulk: covering its one input again as bulk
+    is refused while more than the bulk share is in use."""
+    admission = Admission(100, reserve=0.25)
+    assert admission.try_acquire(80) == 80
+    assert admission.try_acquire(1) == 1  # the request's first permit, at the header's priority
+    assert admission.try_acquire(1, held=1, bulk=True) is None

@@ -66,3 +66,38 @@ def test_work_of_the_same_priority_waits_for_the_batch() -> None:
     assert _run_batch(theirs, FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
     assert [ours.recv()[1][0] for _ in range(3)] == [[0], [1], [2]]
     assert [key for key, _ in pending] == [9]
+
+
+def test_an_urgent_input_read_earlier_stops_the_batch_at_the_first_bulk_group() -> None:
+    """An urgent input that arrived while urgent groups ran waits for them, not for the bulk
+    groups after them: the batch yields where its bulk part starts."""
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    batch = [(key, Tokens(list(range(300)), priority=0 if key < 2 else 1)) for key in range(4)]
+    send(ours, (Msg.SUBMIT, [(9, Tokens([1, 2, 3]))]))
+    pending = Pending()
+    assert _run_batch(theirs, FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
+    assert [ours.recv()[1][0] for _ in range(2)] == [[0], [1]]
+    assert not ours.poll(0.1)
+    assert [key for key, _ in pending] == [9, 2, 3]
+
+
+def test_inputs_cancelled_during_a_batch_do_not_run() -> None:
+    """A CANCEL read between groups drops those inputs from the groups not run yet, as it is
+    acknowledged (the client stops counting them at once)."""
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    batch = [(key, Tokens(list(range(300)))) for key in range(3)]
+    send(ours, (Msg.CANCEL, [1]))
+    pending = Pending()
+    assert _run_batch(theirs, FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
+    answers = [ours.recv() for _ in range(3)]
+    assert [a[0] for a in answers] == [Msg.RESULT, Msg.CANCELLED, Msg.RESULT]
+    assert [answers[0][1][0], answers[2][1][0]] == [[0], [2]]
+    assert not ours.poll(0.1)
+
+
+def test_stop_during_a_batch_ends_it() -> None:
+    """STOP read between groups: the batch stops there and says the engine should stop."""
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    batch = [(key, Tokens(list(range(300)))) for key in range(3)]
+    send(ours, (Msg.STOP, None))
+    assert _run_batch(theirs, FakeModel(), batch, 0.0, FakeShare(), Pending()) is False  # type: ignore[arg-type]

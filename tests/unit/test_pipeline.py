@@ -13,9 +13,11 @@ import pytest
 
 from common.settings import Settings
 from common.startup import StartupState
+from common.wire import Tokens
+from server.admission import Admission
 from server.errors import APIError, ClientDisconnected
 from server.inputs import RequestContext
-from server.pipeline import Prepared, prepare_in_time
+from server.pipeline import Prepared, at_priority, prepare_in_time
 from server.services import Services
 
 
@@ -101,3 +103,43 @@ def test_a_prompt_preparation_returns_its_result(svc: Services) -> None:
 
     assert asyncio.run(scenario()).body == b"raw"
     assert ctx.admitted == 5 and slow.late_admit is None  # admit(n) covers n inputs in all
+
+
+def tokens_prepare(raw: bytes, ctx: RequestContext) -> Prepared[Any]:
+    ctx.admit(2)
+    return Prepared(raw, [Tokens([1, 2]), Tokens([3])])
+
+
+def test_the_bodys_priority_wins_over_the_header_and_reaches_the_inputs(svc: Services) -> None:
+    """`priority` in the body is read before prepare takes its permits, beats x-priority's, and
+    every input carries it to the engine."""
+    ctx = context(svc)
+    ctx.priority = 3  # from the header
+    prepared = at_priority(tokens_prepare, b'{"input": ["a", "b"], "priority": -2}', ctx)
+    assert ctx.priority == -2
+    assert [t.priority for t in prepared.tokens] == [-2, -2]
+
+
+def test_without_a_body_priority_the_headers_stands(svc: Services) -> None:
+    ctx = context(svc)
+    ctx.priority = 4
+    assert [t.priority for t in at_priority(tokens_prepare, b'{"input": ["a", "b"]}', ctx).tokens] == [4, 4]
+
+
+@pytest.mark.parametrize("value", ['"high"', "1.5", "true", str(2**40)])
+def test_a_body_priority_that_is_not_a_bounded_integer_is_a_400(svc: Services, value: str) -> None:
+    with pytest.raises(APIError) as caught:
+        at_priority(tokens_prepare, b'{"input": "a", "priority": ' + value.encode() + b"}", context(svc))
+    assert caught.value.status == 400 and caught.value.param == "priority"
+
+
+def test_a_body_that_turns_the_request_bulk_is_held_to_the_bulk_share(svc: Services) -> None:
+    """The first permit is taken at the header's priority; a body saying bulk is then refused
+    where bulk work no longer fits, however few inputs it has."""
+    admission = Admission(100, reserve=0.25)
+    assert admission.try_acquire(80) == 80  # interactive work holds more than the bulk share
+    ctx = RequestContext(None, {}, svc.settings, admission)  # type: ignore[arg-type]
+    ctx.admit(1)
+    with pytest.raises(APIError) as caught:
+        at_priority(lambda raw, c: (c.admit(1), Prepared(raw, []))[1], b'{"input": "a", "priority": 5}', ctx)
+    assert caught.value.status == 429
