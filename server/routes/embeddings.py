@@ -48,13 +48,13 @@ def render_embeddings(prep: Prepared[EmbeddingRequest], outcome: Outcome, ctx: R
             {"object": "embedding", "index": i, "embedding": {"indices": indices, "values": values}}
             for i, (indices, values) in enumerate(rows)
         ]
-        return outputs.to_json({"object": "list", "data": data, "model": ctx.model_name, "usage": prep.usage()})
+        return outputs.to_json(envelope("embd", ctx, data=data, usage=prep.usage()))
     vectors = outputs.embeddings(pooled, body.dimensions, ctx.folder.normalize)
     data = [
         {"object": "embedding", "index": i, "embedding": outputs.encode_vector(v, body.encoding_format)}
         for i, v in enumerate(vectors)
     ]
-    return outputs.to_json({"object": "list", "data": data, "model": ctx.model_name, "usage": prep.usage()})
+    return outputs.to_json(envelope("embd", ctx, data=data, usage=prep.usage()))
 
 
 def prepare_pooling(raw: bytes, ctx: RequestContext) -> Prepared[PoolingRequest]:
@@ -76,6 +76,7 @@ def render_pooling(prep: Prepared[PoolingRequest], outcome: Outcome, ctx: Reques
 
 
 @router.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingRequest))
+@router.post("/embeddings", openapi_extra=openapi_body(EmbeddingRequest))  # Infinity's path
 async def create_embeddings(request: Request) -> Response:
     return await answer(request, prepare_embeddings, render_embeddings)
 

@@ -15,17 +15,40 @@ router = APIRouter(tags=["models"])
 _CREATED = int(time.time())
 
 
+# Infinity's names for what a model serves (its /models cards carry them)
+_CAPABILITIES = {
+    "embedding": ["embed"],
+    "sparse": ["embed"],
+    "cross-encoder": ["rerank", "classify"],
+    "classification": ["classify"],
+}
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
-    """Every configured model: the ready ones with their kind and limits, the others with their state."""
+    """Every configured model: the ready ones with their kind and limits, the others with their state;
+    the fields OpenAI's Model and Infinity's ModelInfo read (`stats`, `capabilities`) included."""
+    return JSONResponse(model_list(request, "warmpool"))
+
+
+@router.get("/models")
+async def list_models_infinity(request: Request) -> JSONResponse:
+    """Infinity's path: its ModelInfo schema allows one owner, "infinity", and its client enforces it."""
+    return JSONResponse(model_list(request, "infinity"))
+
+
+def model_list(request: Request, owner: str) -> dict[str, object]:
     svc = services(request)
     cards = []
     for name in svc.configured or list(svc.models):
-        card: dict[str, object] = {"id": name, "object": "model", "created": _CREATED, "owned_by": "warmpool"}
+        card: dict[str, object] = {"id": name, "object": "model", "created": _CREATED, "owned_by": owner}
         model = svc.models.get(name)
+        queued = model.engine.queued_inputs if model else 0
+        stats = {"queue_absolute": queued, "batch_size": svc.settings.max_batch_size}
+        card |= {"backend": "warmpool", "stats": stats}
         if model is None:
             failed = svc.startup.for_model(name).failed
-            cards.append({**card, "state": "failed" if failed else "starting"})
+            cards.append({**card, "state": "failed" if failed else "starting", "capabilities": []})
             continue
         folder = model.folder
         cards.append(
@@ -36,10 +59,11 @@ async def list_models(request: Request) -> JSONResponse:
                 "kind": folder.kind,
                 "max_model_len": folder.max_model_len,
                 "dimensions": folder.dimensions,
+                "capabilities": _CAPABILITIES.get(folder.kind, []),
                 **_outputs(folder),
             }
         )
-    return JSONResponse({"object": "list", "data": cards})
+    return {"object": "list", "data": cards}
 
 
 def _outputs(folder: ModelFolder) -> dict[str, object]:

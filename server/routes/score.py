@@ -174,7 +174,7 @@ def render_rerank(prep: Prepared[RerankRequest], outcome: Outcome, ctx: RequestC
         {
             "id": f"rerank-{uuid.uuid4().hex}",
             "model": ctx.model_name,
-            "usage": {"total_tokens": prep.n_tokens},
+            "usage": {"prompt_tokens": prep.n_tokens, "total_tokens": prep.n_tokens},
             "results": results,
             "meta": {"billed_units": {"search_units": 1, "input_tokens": prep.n_tokens}},
         }
