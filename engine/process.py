@@ -205,10 +205,13 @@ def _run_batch(
                 groups[index + 1 :] = [[i for i in g if i[0] not in cancelled] for g in groups[index + 1 :]]
                 cancelled.clear()
             best = pending.best()
-            # groups run in priority order, so a group's first input is the most urgent left
+            # packed groups keep the batch's priority order, so the next group's first input is the
+            # most urgent left; padded ones are sorted by length, so that first test is only a filter
             if best is not None and group and best < group[0][1].priority:
-                pending.requeue([item for later in [group, *groups[index + 1 :]] for item in later])
-                return True
+                rest = [item for later in [group, *groups[index + 1 :]] for item in later]
+                if best < min(tokens.priority for _, tokens in rest):
+                    pending.requeue(rest)
+                    return True
             if not group:
                 continue
         share.working()

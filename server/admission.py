@@ -29,13 +29,17 @@ class Admission:
         taken; None when they do not fit."""
         capacity = self.bulk_capacity if bulk else self.capacity
         wanted = min(max(inputs, 1), capacity) - held
-        if wanted <= 0:  # covered already; bulk found out late (its body said so) is checked still
-            return None if bulk and self._used > capacity else 0
+        if wanted <= 0:
+            return 0
         with self._lock:
             if self._used + wanted > capacity:
                 return None
             self._used += wanted
             return wanted
+
+    def bulk_fits(self) -> bool:
+        """Whether bulk work may go on now: the permits in use are within the bulk share."""
+        return self._used <= self.bulk_capacity
 
     def release(self, permits: int) -> None:
         with self._lock:

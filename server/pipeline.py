@@ -25,7 +25,7 @@ from fastapi.responses import Response
 from common.wire import Tokens
 from server.engine_client import EngineFailed, EngineUnavailable, Outcome
 from server.errors import APIError, ClientDisconnected, Shape, bad_request
-from server.inputs import RequestContext
+from server.inputs import RequestContext, overloaded
 from server.protocol import PRIORITY_LIMIT
 from server.services import ServedModel, Services, services
 
@@ -175,7 +175,11 @@ def at_priority(prepare: Prepare, raw: bytes, ctx: RequestContext) -> Prepared[A
         except orjson.JSONDecodeError:
             data = None  # prepare says what is wrong with the body
         if isinstance(data, dict) and data.get("priority") is not None:
+            was_bulk = ctx.priority > 0
             ctx.priority = checked_priority(data["priority"], "priority")
+            # its first permit was taken as interactive work: bulk now, it must fit the bulk share
+            if ctx.priority > 0 and not was_bulk and ctx.admission is not None and not ctx.admission.bulk_fits():
+                raise overloaded()
     prepared = prepare(raw, ctx)
     if ctx.priority:
         prepared.tokens = [tokens._replace(priority=ctx.priority) for tokens in prepared.tokens]

@@ -60,6 +60,7 @@ def test_vertex_predictions_are_the_models_vectors(vertex: ServerProcess, st_mod
         ({"instances": ["ok", 5]}, ["instances[1]"]),
         ({"instances": ["ok", "word " * 600]}, ["instances[1]", "256"]),
         ({"instances": ["ok"], "parameters": {"dimensions": 10**30}}, ["parameters"]),
+        ({"instances": ["ok"], "parameters": {"priority": "soon"}}, ["parameters.priority"]),
     ],
 )
 def test_vertex_errors_are_400s_naming_the_instance(vertex: ServerProcess, body: dict, words: list) -> None:  # type: ignore[type-arg]

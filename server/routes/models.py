@@ -19,7 +19,7 @@ _CREATED = int(time.time())
 _CAPABILITIES = {
     "embedding": ["embed"],
     "sparse": ["embed"],
-    "cross-encoder": ["rerank", "classify"],
+    "cross-encoder": ["rerank"],
     "classification": ["classify"],
 }
 

@@ -28,7 +28,7 @@ from server import inputs, outputs
 from server.engine_client import Outcome
 from server.errors import APIError
 from server.inputs import RequestContext
-from server.pipeline import Prepare, Prepared, Render, answer
+from server.pipeline import Prepare, Prepared, Render, answer, checked_priority
 from server.protocol import Body, openapi_body
 from server.routes import sparse, tei
 from server.routes.classify import CLASSIFIERS
@@ -72,6 +72,8 @@ def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
     parameters = dict(body.parameters or {})
     if "inputs" in parameters:
         raise inputs.bad_request("'parameters' must not carry 'inputs': give them as 'instances'", "parameters")
+    if parameters.get("priority") is not None:  # the request's priority, wherever Vertex's caller put it
+        ctx.priority = checked_priority(parameters["priority"], "parameters.priority")
     where = [f"instances[{i}]" for i in range(len(body.instances))]
     prepare: Prepare
     render: Render

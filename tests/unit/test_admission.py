@@ -131,10 +131,12 @@ def test_a_bulk_request_larger_than_its_share_takes_all_of_the_share() -> None:
     assert admission.try_acquire(10) == 10
 
 
-def test_a_request_found_bulk_after_its_first_permit_is_refused_past_the_bulk_share() -> None:
-    """The first permit is taken before the body says bulk: covering its one input again as bulk
-    is refused while more than the bulk share is in use."""
+def test_bulk_fits_only_within_the_bulk_share() -> None:
+    """bulk_fits says whether the permits in use leave room for bulk work (a request found bulk
+    after its first permit asks it), while covering held permits again never refuses."""
     admission = Admission(100, reserve=0.25)
-    assert admission.try_acquire(80) == 80
-    assert admission.try_acquire(1) == 1  # the request's first permit, at the header's priority
-    assert admission.try_acquire(1, held=1, bulk=True) is None
+    assert admission.try_acquire(75) == 75
+    assert admission.bulk_fits()
+    assert admission.try_acquire(1) == 1
+    assert not admission.bulk_fits()
+    assert admission.try_acquire(1, held=1, bulk=True) == 0  # already covered: not a new claim
