@@ -29,6 +29,11 @@ def embeddings(vectors: np.ndarray, dimensions: int | None, norm: bool) -> np.nd
     return normalize(vectors) if norm else vectors.astype(np.float32)
 
 
+def scores(logits: np.ndarray, raw: bool = False) -> np.ndarray:
+    """The head's logits as float64 when `raw` (TEI's raw_scores), else activated."""
+    return logits.astype(np.float64) if raw else activate(logits)
+
+
 def activate(logits: np.ndarray) -> np.ndarray:
     """Softmax over the labels; a single-label head (cross-encoder) gets a sigmoid, as vLLM does."""
     logits = logits.astype(np.float64)

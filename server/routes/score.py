@@ -92,7 +92,7 @@ def pair_scores(vectors: np.ndarray, pairs: Pairs, raw: bool = False) -> np.ndar
     """Cross-encoder scores (logits when `raw`, else sigmoid, as CrossEncoder.predict gives them),
     or the cosine similarity (dot product, for sparse models) of each pair's vectors."""
     if pairs.cross:
-        return vectors.astype(np.float64)[:, 0] if raw else outputs.activate(vectors)[:, 0]
+        return outputs.scores(vectors, raw)[:, 0]
     unit = (vectors if pairs.dot else outputs.normalize(vectors)).astype(np.float64)
     return (unit[pairs.left] * unit[pairs.right]).sum(axis=1)
 

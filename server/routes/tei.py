@@ -125,7 +125,7 @@ def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[TEIPredictReque
 def predictions(prep: Prepared[TEIPredictRequest], outcome: Outcome, ctx: RequestContext) -> list[Any]:
     """Per input, every label with its score, best first."""
     raw = prep.body.raw_scores
-    scores = outcome.vectors.astype(np.float64) if raw else outputs.activate(outcome.vectors)
+    scores = outputs.scores(outcome.vectors, raw)
     return [
         [{"label": label(ctx, int(j)), "score": float(row[j])} for j in np.argsort(-row, kind="stable")]
         for row in scores

@@ -99,9 +99,7 @@ def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
 
 
 def render_scores(prep: Prepared[Any], outcome: Outcome, ctx: RequestContext) -> bytes:
-    raw = prep.body.raw_scores
-    scores = outcome.vectors.astype("float64")[:, 0] if raw else outputs.activate(outcome.vectors)[:, 0]
-    return outputs.to_json([float(s) for s in scores])
+    return outputs.to_json([float(s) for s in outputs.scores(outcome.vectors, prep.body.raw_scores)[:, 0]])
 
 
 def render_predict(prep: Prepared[Prepared[Any]], outcome: Outcome, ctx: RequestContext) -> bytes:
