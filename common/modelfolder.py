@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.causal_reranker import PairTemplate, reranker_template, score_token_ids
+from common.late_interaction import LateInteraction, LateInteractionError, is_pylate, read_late_interaction
 from common.splade import Splade, read_splade
 
-Kind = Literal["embedding", "classification", "cross-encoder", "sparse"]
+Kind = Literal["embedding", "classification", "cross-encoder", "sparse", "multi-vector"]
 PoolingMode = Literal["mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len_tokens"]
 
 _POOLING_KEYS: dict[str, PoolingMode] = {
@@ -66,13 +67,14 @@ class ModelFolder:
     score_tokens: tuple[int, int] | None = None  # its (no, yes) token ids: the LM head rows it is scored by
     dense: tuple[DenseLayer, ...] = ()  # sentence-transformers Dense modules, in order, after pooling
     splade: Splade | None = None  # a sparse model's SPLADE pooling over its masked-LM logits
+    late: LateInteraction | None = None  # a multi-vector (ColBERT) model's query and document encoding
 
     @property
     def dimensions(self) -> int:
         """Length of the vector the engine returns per input."""
         if self.kind == "sparse":
             return self.vocab_size
-        if self.kind != "embedding":
+        if self.kind not in ("embedding", "multi-vector"):
             return max(len(self.id2label), 1)
         return self.dense[-1].out_features if self.dense else self.hidden_size
 
@@ -133,7 +135,10 @@ def _read(path: Path) -> ModelFolder:
     score_tokens = None if pair_template is None else _score_tokens(path, architecture)
     kind: Kind = _kind(architecture, config) if pair_template is None else "cross-encoder"
     hidden = int(config.get("hidden_size") or config.get("d_model") or config.get("dim") or config.get("n_embd") or 0)
-    pooling, normalize, dense, splade = _modules(path, modules, hidden)
+    late = _late_interaction(path) if kind == "embedding" else None
+    pooling, normalize, dense, splade = _modules(path, modules, hidden, tokens=late is not None)
+    if late is not None:
+        kind = "multi-vector"
     if splade is not None:
         if not architecture.endswith("ForMaskedLM"):
             raise ModelError(f"{path} has SPLADE pooling but a {architecture}: SPLADE pools a masked-LM head's logits")
@@ -152,7 +157,7 @@ def _read(path: Path) -> ModelFolder:
         path=path,
         kind=kind,
         architecture=architecture,
-        max_model_len=_max_len(path, config, st_config),
+        max_model_len=_max_len(path, config, st_config, late),
         hidden_size=hidden,
         vocab_size=int(config.get("vocab_size") or 0),
         pooling=pooling,
@@ -161,6 +166,7 @@ def _read(path: Path) -> ModelFolder:
         native=native,
         dense=dense,
         splade=splade,
+        late=late,
         config=config,
         prompts=prompts,
         default_prompt_name=default_prompt_name,
@@ -298,7 +304,7 @@ def native_model(path: Path, config: dict[str, Any], kind: Kind) -> bool:
     embedders, classifiers = family
     architecture = (config.get("architectures") or [None])[0]
     wanted: set[str | None] | frozenset[str] = classifiers
-    if kind == "embedding":
+    if kind in ("embedding", "multi-vector"):
         wanted = {*embedders, None}
     elif kind == "sparse":
         wanted = SPARSE_NATIVE.get(str(config.get("model_type")), frozenset())
@@ -336,11 +342,21 @@ def _score_tokens(path: Path, architecture: str) -> tuple[int, int]:
     return ids
 
 
+def _late_interaction(path: Path) -> LateInteraction | None:
+    """PyLate's ColBERT switches, where config_sentence_transformers.json has them."""
+    st = _read_json(path / "config_sentence_transformers.json")
+    try:
+        return read_late_interaction(st, path) if is_pylate(st) else None
+    except LateInteractionError as exc:
+        raise ModelError(str(exc)) from exc
+
+
 def _modules(
-    path: Path, modules: list[dict[str, Any]], hidden: int
+    path: Path, modules: list[dict[str, Any]], hidden: int, tokens: bool = False
 ) -> tuple[PoolingMode, bool, tuple[DenseLayer, ...], Splade | None]:
     """Sentence-transformers modules decide pooling, Dense layers and normalisation (or SPLADE
-    pooling, for a SparseEncoder); a plain encoder gets mean pooling, as ST would give it."""
+    pooling, for a SparseEncoder); a plain encoder gets mean pooling, as ST would give it. With
+    `tokens` (a ColBERT), Dense modules project every token and no pooling may come before them."""
     pooling: PoolingMode = "mean"
     normalize = pooled = False
     dense: list[DenseLayer] = []
@@ -353,9 +369,9 @@ def _modules(
         elif kind.endswith("Pooling"):
             pooling, pooled = _pooling_mode(_read_json(folder / "config.json")), True
         elif kind.endswith("Dense"):
-            if not pooled or normalize:  # on token embeddings, or on normalised vectors: not served
+            if pooled is tokens or normalize:  # dense on tokens only for a ColBERT; never after Normalize
                 raise ModelError(f"sentence-transformers module {kind} is only supported between Pooling and Normalize")
-            dense.append(_dense(folder, dense[-1].out_features if dense else hidden))
+            dense.append(_dense(folder, dense[-1].out_features if dense else hidden, tokens))
         elif kind.endswith("Normalize"):
             normalize = True
         elif kind and not kind.endswith("Transformer"):
@@ -378,7 +394,7 @@ def _pooling_mode(conf: dict[str, Any]) -> PoolingMode:
     return modes[0] if modes else "mean"
 
 
-def _dense(folder: Path, fan_in: int) -> DenseLayer:
+def _dense(folder: Path, fan_in: int, tokens: bool = False) -> DenseLayer:
     """A Dense module's config.json, checked: it must take the vectors before it, and its
     activation must be a torch.nn class the engine computes."""
     where = folder / "config.json"
@@ -387,7 +403,7 @@ def _dense(folder: Path, fan_in: int) -> DenseLayer:
     if name not in DENSE_ACTIVATIONS:
         raise ModelError(f"Dense activation_function {name!r} in {where} is not supported")
     for key in ("module_input_name", "module_output_name"):
-        if conf.get(key, "sentence_embedding") != "sentence_embedding":
+        if key in conf and conf[key] != ("token_embeddings" if tokens else "sentence_embedding"):
             raise ModelError(f"Dense {key} {conf[key]!r} in {where} is not supported")
     layer = DenseLayer(
         path=folder,
@@ -402,7 +418,9 @@ def _dense(folder: Path, fan_in: int) -> DenseLayer:
     return layer
 
 
-def _max_len(path: Path, config: dict[str, Any], st_config: dict[str, Any]) -> int:
+def _max_len(path: Path, config: dict[str, Any], st_config: dict[str, Any], late: LateInteraction | None) -> int:
+    if late is not None:  # a ColBERT's documents: at most document_length, within the positions it has
+        return min(late.document_length, int(config.get("max_position_embeddings") or 512) - _position_offset(config))
     if st_config.get("max_seq_length"):
         return int(st_config["max_seq_length"])
     candidates = [int(config.get("max_position_embeddings") or 512) - _position_offset(config)]

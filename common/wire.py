@@ -40,6 +40,7 @@ class Tokens(NamedTuple):
     token_type_ids: list[int] | None = None
     per_token: bool = False  # answer every token's vector (TEI's /embed_all), not the pooled one
     priority: int = 0  # the request's priority: lower runs first (vLLM's `priority`)
+    keys: int = 0  # attend to the first `keys` tokens only (a ColBERT query's padding masks); 0: all
 
 
 Keyed = tuple[int, Tokens]  # an input on the wire: the client's key for it, and its tokens

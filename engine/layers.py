@@ -98,7 +98,7 @@ def attend(
         if key not in p.memo:
             p.memo[key] = band_mask(max(length for _, length in p.spans), reach, q.device, bias)
         mask = p.memo[key]
-    return _attend_spans(q, k, v, p.spans, mask, scale, causal)
+    return _attend_spans(q, k, v, p.spans, mask, scale, causal, p.keys)
 
 
 def _attend_spans(
@@ -109,16 +109,19 @@ def _attend_spans(
     mask: torch.Tensor | None,
     scale: float | None,
     causal: bool,
+    keys: list[int] | None = None,
 ) -> torch.Tensor:
+    """`keys`: each input's tokens attend to its first keys[i] only (the others are still queries)."""
     tokens, heads, size = q.shape
     out = q.new_empty((tokens, heads * size))
-    for start, length in spans:
+    for i, (start, length) in enumerate(spans):
         end = start + length
+        seen = start + (length if keys is None else keys[i])
         context = F.scaled_dot_product_attention(
             q[start:end].transpose(0, 1)[None],
-            k[start:end].transpose(0, 1)[None],
-            v[start:end].transpose(0, 1)[None],
-            attn_mask=None if mask is None else mask[..., :length, :length],
+            k[start:seen].transpose(0, 1)[None],
+            v[start:seen].transpose(0, 1)[None],
+            attn_mask=None if mask is None else mask[..., :length, : seen - start],
             scale=scale,
             is_causal=causal,
             enable_gqa=k.shape[1] != heads,

@@ -10,7 +10,7 @@ import torch
 
 from common.modelfolder import ModelError, ModelFolder
 from common.wire import Tokens
-from engine import dense, int8, preloaded, sparse
+from engine import dense, int8, multivector, preloaded, sparse
 from engine.device import Placement
 from engine.packed import Packed
 from engine.pooling import pool, pool_packed
@@ -36,11 +36,15 @@ class PoolingModel:
             if self.placement.int8:
                 int8.quantize(self.model)
         self.weights.update(int8.describe(self.model))
-        self.dense = dense.load(info.dense, device, dtype) if info.kind == "embedding" else None
+        # after the pooling; a ColBERT's project every token (in the native model itself, engine/multivector.py)
+        projects = info.kind == "embedding" or (info.kind == "multi-vector" and not info.native)
+        self.dense = dense.load(info.dense, device, dtype) if projects else None
         self.compiled: Callable[[Packed], torch.Tensor] | None = None  # set by engine.compiler
 
     def _run(self, packed: Packed) -> torch.Tensor:
-        return self.model(packed) if self.compiled is None else self.compiled(packed)  # type: ignore[no-any-return]
+        if self.compiled is None or packed.keys is not None:  # the compiled graph attends to every token
+            return self.model(packed)  # type: ignore[no-any-return]
+        return self.compiled(packed)
 
     @property
     def packed(self) -> bool:
@@ -60,7 +64,8 @@ class PoolingModel:
 
     @torch.inference_mode()
     def forward_tokens(self, items: list[Tokens]) -> list[np.ndarray]:
-        """Each input's last hidden state, one row per token (embedding models), as float32."""
+        """Each input's last hidden state, one row per token (embedding models), or its normalised
+        token vectors (multi-vector models), as float32."""
         if self.info.native:
             packed = Packed.of(items).to(self.placement.device)
             hidden = self._run(packed).float().cpu().numpy()
@@ -69,7 +74,12 @@ class PoolingModel:
         for item in items:  # one at a time: no padding to strip, and rare enough not to batch
             ids = torch.tensor([item.input_ids], dtype=torch.long, device=self.placement.device)
             types = {} if not self.uses_types else {"token_type_ids": torch.zeros_like(ids)}
-            rows.append(self.model(input_ids=ids, **types).last_hidden_state[0].float().cpu().numpy())
+            mask = torch.zeros_like(ids)
+            mask[0, : item.keys or ids.shape[1]] = 1
+            states = self.model(input_ids=ids, attention_mask=mask, **types).last_hidden_state[0]
+            if self.info.kind == "multi-vector":
+                states = multivector.project(states, self.dense)
+            rows.append(states.float().cpu().numpy())
         return rows
 
     def _project(self, pooled: torch.Tensor) -> np.ndarray:
@@ -104,13 +114,15 @@ class PoolingModel:
         """Pay first-call costs before readiness flips, with small shapes; price a call and a token
         (engine/warmup.py): the batcher weighs the per-call overhead against padding when it splits
         a padded batch, and the cost per token sizes the stall watchdog's default timeout."""
-        return warm_up(self.forward, self.model, self.pad_id + 1, self.placement.device)
+        forward = self.forward_tokens if self.info.kind == "multi-vector" else self.forward
+        return warm_up(forward, self.model, self.pad_id + 1, self.placement.device)
 
 
 def _transformers_model(info: ModelFolder, device: torch.device, dtype: torch.dtype) -> Any:
     from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification  # off the native path
 
-    loader = {"embedding": AutoModel, "sparse": AutoModelForMaskedLM}.get(info.kind, AutoModelForSequenceClassification)
+    loaders = {"embedding": AutoModel, "multi-vector": AutoModel, "sparse": AutoModelForMaskedLM}
+    loader = loaders.get(info.kind, AutoModelForSequenceClassification)
     try:
         return loader.from_pretrained(str(info.path), dtype=dtype, weights_only=True).to(device).eval()
     except Exception as exc:  # transformers raises many types for a broken folder

@@ -21,6 +21,7 @@ class Packed:
     starts: torch.Tensor  # [B]
     lengths: torch.Tensor  # [B]
     spans: list[tuple[int, int]]  # (start, length) of each input, as Python ints
+    keys: list[int] | None = None  # per input, how many of its first tokens are attended to; None: all
     memo: dict[Any, Any] = field(default_factory=dict, compare=False)  # what one forward computes once (attend)
 
     @property
@@ -42,6 +43,7 @@ class Packed:
             starts=starts,
             lengths=lengths,
             spans=list(zip(starts.tolist(), lengths.tolist(), strict=True)),
+            keys=[t.keys or len(t.input_ids) for t in inputs] if any(t.keys for t in inputs) else None,
         )
 
     def to(self, device: torch.device) -> Packed:
@@ -60,6 +62,7 @@ class Packed:
             starts=move(self.starts),
             lengths=move(self.lengths),
             spans=self.spans,
+            keys=self.keys,
         )
 
     def grid(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from common.modelfolder import ModelFolder, read_model_folder
-from engine import families, int8, sparse
+from engine import dense, families, int8, multivector, sparse
 from engine.checkpoint import release_unused_pages
 from engine.device import Placement, place
 
@@ -49,7 +49,7 @@ BUILT: dict[tuple[str, str], Built] = {}
 def build(info: ModelFolder, placement: Placement) -> nn.Module:
     """The folder's model on its native family's module (engine.families), its projections in int8
     if asked, holding no more of the mapped checkpoint than its weights lie on."""
-    labels = None if info.kind in ("embedding", "sparse") else len(info.id2label)
+    labels = None if info.kind in ("embedding", "sparse", "multi-vector") else len(info.id2label)
     # without autograd: a fused copy made with it keeps the tensors it was made of alive in its graph
     with torch.no_grad():
         model = families.load(info.path, info.config, labels, placement.device, placement.dtype, info.score_tokens)
@@ -57,6 +57,8 @@ def build(info: ModelFolder, placement: Placement) -> nn.Module:
             model = sparse.SparseModel(
                 model, sparse.load_head(info.path, info.config, model, placement.device, placement.dtype), info.splade
             )
+        if info.late is not None:
+            model = multivector.MultiVectorModel(model, dense.load(info.dense, placement.device, placement.dtype))
         if placement.int8:
             int8.quantize(model)
     release_unused_pages(model, info.path)

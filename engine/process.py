@@ -54,6 +54,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                     "preloaded": os.getpid() != IMPORTED_BY_PID,
                     "backend": "native" if info.native else "transformers",
                     **({"head": f"splade ({info.splade.strategy}, {info.splade.activation})"} if info.splade else {}),
+                    **({"head": f"colbert ({info.dimensions} dims per token)"} if info.late else {}),
                     "heap": heap.detail,
                     **model.weights,
                     **placement.detail,

@@ -91,6 +91,7 @@ class PoolingRequest(InputRequest):
     """vLLM's /pooling: answers the engine's raw output."""
 
     encoding_format: Literal["float", "base64"] = "float"
+    input_type: str | None = None  # Cohere's: search_query makes a multi-vector model's inputs queries
 
 
 class ClassifyRequest(InputRequest):

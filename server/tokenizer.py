@@ -7,14 +7,17 @@ use `encode`, whose cost is below the batch call's thread hand-off.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from tokenizers import Encoding, Tokenizer
 
 from common.causal_reranker import PairTemplate
+from common.late_interaction import LateInteraction
 from common.modelfolder import ModelError
 from common.wire import Tokens
 
@@ -29,8 +32,21 @@ TextOrPair = str | tuple[str, str]
 Direction = Literal["right", "left"]
 
 
+@dataclass(frozen=True)
+class Markers:
+    """A ColBERT's token ids: the query and document markers (None: the model has none), the mask
+    token a short query is padded with, and the tokens a document's vectors leave out."""
+
+    query: int | None
+    document: int | None
+    mask: int | None
+    skip: frozenset[int]
+
+
 class TokenizerPool:
-    def __init__(self, folder: Path, pair_template: PairTemplate | None = None) -> None:
+    def __init__(
+        self, folder: Path, pair_template: PairTemplate | None = None, late: LateInteraction | None = None
+    ) -> None:
         path = folder / "tokenizer.json"
         try:
             prototype = Tokenizer.from_file(str(path))
@@ -50,6 +66,7 @@ class TokenizerPool:
             self._prefix = prototype.encode(pair_template.prefix, add_special_tokens=False).ids
             self._suffix = prototype.encode(pair_template.suffix, add_special_tokens=False).ids
             self.special_tokens_pair = len(self._prefix) + len(self._suffix) + self.special_tokens
+        self.markers = None if late is None else _markers(prototype, folder, late)
 
     def get(self) -> Tokenizer:
         tok = getattr(self._local, "tok", None)
@@ -153,6 +170,32 @@ class TooManyTokens(ValueError):
     def __init__(self, index: int, count: int) -> None:
         super().__init__(f"text {index} has {count} tokens")
         self.index, self.count = index, count
+
+
+def _markers(tok: Tokenizer, folder: Path, late: LateInteraction) -> Markers:
+    """The ids PyLate looks up with convert_tokens_to_ids; a marker or mask token the vocabulary
+    lacks is a ModelError, a skiplist word it lacks is left out (it would otherwise match [UNK])."""
+
+    def token(text: str, what: str) -> int:
+        found = tok.token_to_id(text)
+        found = tok.token_to_id(text.strip()) if found is None else found
+        if found is None:
+            raise ModelError(f"the tokenizer of {folder} has no {what} token {text!r}")
+        return found
+
+    mask = None
+    if late.expansion:
+        try:
+            named = json.loads((folder / "tokenizer_config.json").read_text()).get("mask_token") or "[MASK]"
+        except (OSError, ValueError):
+            named = "[MASK]"
+        mask = token(named["content"] if isinstance(named, dict) else str(named), "mask")
+    return Markers(
+        query=token(late.query_prefix, "query marker") if late.query_prefix else None,
+        document=token(late.document_prefix, "document marker") if late.document_prefix else None,
+        mask=mask,
+        skip=frozenset(i for i in (tok.token_to_id(word) for word in late.skiplist) if i is not None),
+    )
 
 
 def _chars(item: TextOrPair) -> int:

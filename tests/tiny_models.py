@@ -65,6 +65,54 @@ def build_splade(dest: Path, tokenizer_from: Path, family: str = "bert", **pooli
     return dest
 
 
+def build_colbert(dest: Path, tokenizer_from: Path, **late: Any) -> Path:
+    """A ColBERT folder as PyLate saves one: a tiny random BERT, a 32 -> 16 token projection
+    (1_Dense, no bias), and PyLate's switches in config_sentence_transformers.json (`late`
+    overrides them). Written by hand: PyLate pins an older sentence-transformers than the one
+    here, whose MultiVectorEncoder loads PyLate's folders and is the reference."""
+    import json
+
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    torch.manual_seed(13)
+    config = transformers.BertConfig(**{"vocab_size": 30522, "intermediate_size": 64, **SMALL})
+    save_with_tokenizer(jitter(transformers.BertModel(config), 13), dest, tokenizer_from)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    settings = {
+        "model_type": "ColBERT",
+        "prompts": {},
+        "default_prompt_name": None,
+        "similarity_fn_name": "MaxSim",
+        "query_prefix": "[unused0]",
+        "document_prefix": "[unused1]",
+        "query_length": 12,
+        "document_length": 24,
+        "attend_to_expansion_tokens": False,
+        "skiplist_words": list(string.punctuation),
+        "do_query_expansion": True,
+        **late,
+    }
+    (dest / "modules.json").write_text(json.dumps(modules))
+    (dest / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 23, "do_lower_case": False}))
+    (dest / "config_sentence_transformers.json").write_text(json.dumps(settings))
+    (dest / "1_Dense").mkdir()
+    dense = {
+        "in_features": 32,
+        "out_features": 16,
+        "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity",
+    }
+    (dest / "1_Dense" / "config.json").write_text(json.dumps({**dense, "use_residual": False}))
+    weight = torch.randn(16, 32, generator=torch.Generator().manual_seed(13)) * 0.3
+    save_file({"linear.weight": weight}, str(dest / "1_Dense" / "model.safetensors"))
+    return dest
+
+
 def save_with_tokenizer(model: Any, dest: Path, tokenizer_from: Path) -> Path:
     """A model folder as a hub download looks: weights, config and the embedded model's tokenizer."""
     model.eval().save_pretrained(dest)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import chunking, inputs, outputs
+from server import chunking, inputs, late_interaction, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
@@ -60,14 +60,22 @@ def render_embeddings(prep: Prepared[EmbeddingRequest], outcome: Outcome, ctx: R
 def prepare_pooling(raw: bytes, ctx: RequestContext) -> Prepared[PoolingRequest]:
     body = inputs.parse(PoolingRequest, raw)
     ctx.select_model(body.model)
+    if ctx.folder.kind == "multi-vector":  # vLLM's token_embed: every token's vector
+        role = late_interaction.role_of(ctx, body.prompt_name, body.input_type)
+        return Prepared(body, late_interaction.tokenize(body.input, ctx, role, body.truncate_prompt_tokens), role)
     prompt = prompt_text(ctx.folder, body.prompt_name)
     tokens = inputs.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens, prompt=prompt)
     return Prepared(body, tokens)
 
 
 def render_pooling(prep: Prepared[PoolingRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
-    """The engine's output as is: pooled hidden states (before Normalize) or classifier logits."""
+    """The engine's output as is: pooled hidden states (before Normalize) or classifier logits; a
+    multi-vector model's token vectors (those it scores), a list per input."""
     fmt = prep.body.encoding_format
+    if prep.extra is not None:
+        rows = late_interaction.token_vectors(prep, outcome, ctx)
+        data = [{"object": "pooling", "index": i, "data": outputs.encode_vector(v, fmt)} for i, v in enumerate(rows)]
+        return outputs.to_json(envelope("pool", ctx, data=data, usage=prep.usage()))
     data = [
         {"object": "pooling", "index": i, "data": outputs.encode_vector(v, fmt)}
         for i, v in enumerate(outcome.vectors.astype("float32"))

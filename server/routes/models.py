@@ -19,6 +19,7 @@ _CREATED = int(time.time())
 _CAPABILITIES = {
     "embedding": ["embed"],
     "sparse": ["embed"],
+    "multi-vector": ["embed", "rerank"],
     "cross-encoder": ["rerank"],
     "classification": ["classify"],
 }
@@ -67,9 +68,12 @@ def model_list(request: Request, owner: str) -> dict[str, object]:
 
 
 def _outputs(folder: ModelFolder) -> dict[str, object]:
-    """What an embedding model answers, and how it pools: a dense vector, or sparse weights."""
+    """What an embedding model answers, and how it pools: a dense vector, sparse weights, or one
+    vector per token (scored by MaxSim)."""
     if folder.kind == "sparse":
         return {"outputs": ["sparse"], "pooling": "splade"}
+    if folder.kind == "multi-vector":
+        return {"outputs": ["multi_vector"], "pooling": "none", "similarity": "maxsim"}
     if folder.kind == "embedding":
         return {"outputs": ["dense"], "pooling": folder.pooling}
     return {}

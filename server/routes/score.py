@@ -2,8 +2,9 @@
 /rerank asked in TEI's shape (`texts`) is answered in TEI's shape.
 
 Cross-encoders score each (query, document) pair in one forward pass; for embedding models the
-score is the cosine similarity of the two embeddings, as vLLM does for bi-encoders, and for sparse
-(SPLADE) models the dot product of the two weight vectors, as SparseEncoder.similarity is.
+score is the cosine similarity of the two embeddings, as vLLM does for bi-encoders, for sparse
+(SPLADE) models the dot product of the two weight vectors, as SparseEncoder.similarity is, and for
+multi-vector (ColBERT) models MaxSim of the query's and the document's token vectors.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from common.wire import Tokens
-from server import inputs, outputs
+from server import inputs, late_interaction, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
@@ -26,7 +27,7 @@ from server.routes import sparse
 from server.tokenizer import Direction
 
 router = APIRouter(tags=["scoring"])
-SCORERS = ("cross-encoder", "embedding", "sparse")
+SCORERS = ("cross-encoder", "embedding", "sparse", "multi-vector")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Pairs:
     left: list[int]
     right: list[int]
     dot: bool = False  # a bi-encoder scored by the dot product (sparse models), not the cosine
+    late: list[Tokens] | None = None  # a multi-vector model's token lists: scored by MaxSim
 
 
 def tokenize_pairs(
@@ -53,6 +55,8 @@ def tokenize_pairs(
 
     Every text is checked once, before any pairing: a long query is refused (or cut) once, not
     tokenized again against each document."""
+    if ctx.folder.kind == "multi-vector":
+        return _late_pairs(lefts, rights, ctx, truncate, fields, direction)
     cross = ctx.folder.kind == "cross-encoder"
     limit = inputs.truncation_limit(truncate, ctx, pair=cross)
     left_field, right_field = fields
@@ -88,9 +92,35 @@ def tokenize_pairs(
     return tokens, pairs
 
 
-def pair_scores(vectors: np.ndarray, pairs: Pairs, raw: bool = False) -> np.ndarray:
+def _late_pairs(
+    lefts: list[str],
+    rights: list[str],
+    ctx: RequestContext,
+    truncate: int | None,
+    fields: tuple[str, str],
+    direction: Direction,
+) -> tuple[list[Tokens], Pairs]:
+    """A multi-vector model's pairs: each distinct left text encoded once as a query, each distinct
+    right text once as a document (a text on both sides is encoded both ways)."""
+    queries, documents = list(dict.fromkeys(lefts)), list(dict.fromkeys(rights))
+    left_field, right_field = fields
+    tokens = late_interaction.tokenize(queries, ctx, "query", truncate, left_field, direction)
+    tokens += late_interaction.tokenize(documents, ctx, "document", truncate, right_field, direction)
+    query_at = {text: i for i, text in enumerate(queries)}
+    document_at = {text: len(queries) + i for i, text in enumerate(documents)}
+    left, right = [query_at[t] for t in lefts], [document_at[t] for t in rights]
+    return tokens, Pairs(len(lefts), False, left, right, late=tokens)
+
+
+def pair_scores(vectors: np.ndarray, pairs: Pairs, ctx: RequestContext, raw: bool = False) -> np.ndarray:
     """Cross-encoder scores (logits when `raw`, else sigmoid, as CrossEncoder.predict gives them),
-    or the cosine similarity (dot product, for sparse models) of each pair's vectors."""
+    or the cosine similarity (dot product, for sparse models; MaxSim of the token vectors, for
+    multi-vector models) of each pair's vectors."""
+    if pairs.late is not None:
+        late = pairs.late
+        documents = {b: late_interaction.kept(vectors[b], late[b], "document", ctx) for b in set(pairs.right)}
+        pairs_at = zip(pairs.left, pairs.right, strict=True)
+        return np.array([late_interaction.maxsim(vectors[a], documents[b]) for a, b in pairs_at])
     if pairs.cross:
         return outputs.scores(vectors, raw)[:, 0]
     unit = (vectors if pairs.dot else outputs.normalize(vectors)).astype(np.float64)
@@ -118,7 +148,7 @@ def prepare_score(raw: bytes, ctx: RequestContext) -> Prepared[ScoreRequest]:
 
 
 def render_score(prep: Prepared[ScoreRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
-    scores = pair_scores(outcome.vectors, prep.extra)
+    scores = pair_scores(outcome.vectors, prep.extra, ctx)
     data = [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(scores)]
     return outputs.to_json(envelope("score", ctx, data=data, usage=prep.usage()))
 
@@ -147,10 +177,10 @@ def prepare_rerank(raw: bytes, ctx: RequestContext) -> Prepared[RerankRequest]:
     return Prepared(body, tokens, (pairs, documents, tei))
 
 
-def ranked(prep: Prepared[RerankRequest], vectors: np.ndarray) -> tuple[np.ndarray, list[int]]:
+def ranked(prep: Prepared[RerankRequest], vectors: np.ndarray, ctx: RequestContext) -> tuple[np.ndarray, list[int]]:
     """The scores and the documents' indices best first, cut to top_n."""
     pairs = prep.extra[0]
-    scores = pair_scores(vectors, pairs, raw=prep.body.raw_scores)
+    scores = pair_scores(vectors, pairs, ctx, raw=prep.body.raw_scores)
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
     return scores, order[: prep.body.top_n or len(scores)]
 
@@ -158,7 +188,7 @@ def ranked(prep: Prepared[RerankRequest], vectors: np.ndarray) -> tuple[np.ndarr
 def render_rerank(prep: Prepared[RerankRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
     """Jina/Cohere's {"results": [{index, relevance_score, document}]}, or TEI's bare ranked list."""
     _, documents, tei = prep.extra
-    scores, order = ranked(prep, outcome.vectors)
+    scores, order = ranked(prep, outcome.vectors, ctx)
     if tei:
         text = prep.body.return_text
         return outputs.to_json(

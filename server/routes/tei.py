@@ -15,7 +15,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server import chunking, inputs, outputs
+from server import chunking, inputs, late_interaction, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, in_shape
@@ -63,7 +63,13 @@ def render_embed(prep: Prepared[TEIEmbedRequest], outcome: Outcome, ctx: Request
 
 def prepare_embed_all(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedAllRequest]:
     body = inputs.parse(TEIEmbedAllRequest, raw)
-    ctx.require("/embed_all", "embedding")
+    ctx.require("/embed_all", "embedding", "multi-vector")
+    if ctx.folder.kind == "multi-vector":
+        role = late_interaction.role_of(ctx, body.prompt_name)
+        tokens = late_interaction.tokenize(
+            body.inputs, ctx, role, truncation(body), "inputs", direction=body.truncation_direction
+        )
+        return Prepared(body, tokens, role)
     tokens = inputs.tokenize_inputs(
         body.inputs,
         ctx,
@@ -78,7 +84,10 @@ def prepare_embed_all(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedAllRe
 
 
 def render_embed_all(prep: Prepared[TEIEmbedAllRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
-    """Per input, the last hidden state of each of its tokens (special tokens included), as TEI."""
+    """Per input, the last hidden state of each of its tokens (special tokens included), as TEI;
+    a multi-vector model's token vectors, those it scores."""
+    if prep.extra is not None:
+        return outputs.to_json(late_interaction.token_vectors(prep, outcome, ctx))
     return outputs.to_json(list(outcome.vectors))
 
 
@@ -163,7 +172,7 @@ def prepare_similarity(raw: bytes, ctx: RequestContext) -> Prepared[SimilarityRe
 
 
 def render_similarity(prep: Prepared[SimilarityRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
-    return outputs.to_json([float(s) for s in score.pair_scores(outcome.vectors, prep.extra)])
+    return outputs.to_json([float(s) for s in score.pair_scores(outcome.vectors, prep.extra, ctx)])
 
 
 def prepare_root(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
@@ -199,8 +208,10 @@ def info(request: Request) -> dict[str, Any]:
     svc = services(request)
     model = svc.default_model()
     folder, settings = model.folder, svc.settings
-    if folder.kind in ("embedding", "sparse"):
-        pooling = "splade" if folder.kind == "sparse" else _TEI_POOLING.get(folder.pooling, folder.pooling)
+    if folder.kind in ("embedding", "sparse", "multi-vector"):
+        pooling = {"sparse": "splade", "multi-vector": "none"}.get(folder.kind) or _TEI_POOLING.get(
+            folder.pooling, folder.pooling
+        )
         model_type: dict[str, Any] = {"embedding": {"pooling": pooling}}
     else:
         labels = {str(i): label_ for i, label_ in sorted(folder.id2label.items())} or {"0": "LABEL_0"}

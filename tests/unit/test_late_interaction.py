@@ -1,0 +1,99 @@
+"""Multi-vector (ColBERT) models give sentence-transformers' MultiVectorEncoder vectors for queries
+and documents, and its MaxSim scores: a tiny random folder in PyLate's layout, in-process."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["DO_NOT_TRACK"] = "1"
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from common.modelfolder import read_model_folder
+from common.settings import Settings
+from engine.model import PoolingModel
+from server import late_interaction
+from server.errors import APIError
+from server.inputs import RequestContext
+from server.services import ServedModel
+from server.tokenizer import TokenizerPool
+from tests.tiny_models import build_colbert
+
+QUERIES = ["hello world", "what keeps the warm pool model loaded?", "naïve café 🙂", "the warm pool engine " * 8]
+DOCUMENTS = ["Hello, world!", "the warm pool keeps models loaded; engines restart.", "a", "the model text " * 20]
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["masks-unattended", "masks-attended"])
+def folder(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("colbert")
+    return build_colbert(root / "colbert", model_dir, attend_to_expansion_tokens=request.param)
+
+
+def context(folder: Path) -> RequestContext:
+    info = read_model_folder(folder)
+    served = ServedModel("colbert", info, TokenizerPool(folder, late=info.late), engine=None)  # type: ignore[arg-type]
+    return RequestContext(model=served, served={"colbert": served}, settings=Settings())
+
+
+def encoded(folder: Path, texts: list[str], role: late_interaction.Role) -> list[np.ndarray]:
+    ctx = context(folder)
+    tokens = late_interaction.tokenize(texts, ctx, role, truncate=-1)
+    rows = PoolingModel(ctx.folder, threads=1).forward_tokens(tokens)
+    return [late_interaction.kept(r, t, role, ctx) for r, t in zip(rows, tokens, strict=True)]
+
+
+def reference(folder: Path) -> Any:
+    from sentence_transformers import MultiVectorEncoder
+
+    return MultiVectorEncoder(str(folder), device="cpu")
+
+
+def test_a_pylate_folder_is_a_native_multi_vector_model(folder: Path) -> None:
+    """PyLate's config makes the folder a multi-vector model of 16 dimensions per token, served
+    natively, whose documents take at most document_length tokens."""
+    info = read_model_folder(folder)
+    assert (info.kind, info.dimensions, info.native, info.max_model_len) == ("multi-vector", 16, True, 24)
+    assert info.late is not None and info.late.query_length == 12
+
+
+@pytest.mark.parametrize("role", ["query", "document"])
+def test_token_vectors_match_the_multi_vector_encoder(folder: Path, role: late_interaction.Role) -> None:
+    """Each query's 12 vectors (masks included) and each document's vectors without punctuation
+    equal MultiVectorEncoder.encode_query / encode_document within 1e-5, texts cut at their length."""
+    texts = QUERIES if role == "query" else DOCUMENTS
+    got = encoded(folder, texts, role)
+    model = reference(folder)
+    expected = (model.encode_query if role == "query" else model.encode_document)(texts, convert_to_numpy=True)
+    assert [g.shape for g in got] == [e.shape for e in expected]
+    if role == "query":
+        assert {g.shape[0] for g in got} == {12}
+    else:
+        assert got[0].shape[0] == 5 and got[-1].shape[0] == 24  # [CLS] [D] hello world [SEP]; cut at 24
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, atol=1e-5)
+
+
+def test_maxsim_matches_the_multi_vector_encoder(folder: Path) -> None:
+    """MaxSim of every query against every document is MultiVectorEncoder.similarity's."""
+    queries, documents = encoded(folder, QUERIES, "query"), encoded(folder, DOCUMENTS, "document")
+    got = np.array([[late_interaction.maxsim(q, d) for d in documents] for q in queries])
+    model = reference(folder)
+    expected = model.similarity(model.encode_query(QUERIES), model.encode_document(DOCUMENTS)).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    assert len({round(float(v), 3) for v in got.ravel()}) > 8  # the scores tell the pairs apart
+
+
+def test_a_role_outside_query_and_document_is_a_400(folder: Path) -> None:
+    """prompt_name or input_type naming neither role is refused, naming the field; none is a document."""
+    ctx = context(folder)
+    assert late_interaction.role_of(ctx) == "document"
+    assert late_interaction.role_of(ctx, input_type="search_query") == "query"
+    with pytest.raises(APIError) as refused:
+        late_interaction.role_of(ctx, prompt_name="classification")
+    assert refused.value.status == 400 and refused.value.param == "prompt_name"
