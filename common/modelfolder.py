@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from common.causal_reranker import PairTemplate, reranker_template, score_token_ids
 from common.late_interaction import LateInteraction, LateInteractionError, is_pylate, read_late_interaction
+from common.m3 import M3Heads, read_m3
+from common.native import Kind, native_model
 from common.splade import Splade, read_splade
 
-Kind = Literal["embedding", "classification", "cross-encoder", "sparse", "multi-vector"]
 PoolingMode = Literal["mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len_tokens"]
 
 _POOLING_KEYS: dict[str, PoolingMode] = {
@@ -68,6 +68,7 @@ class ModelFolder:
     dense: tuple[DenseLayer, ...] = ()  # sentence-transformers Dense modules, in order, after pooling
     splade: Splade | None = None  # a sparse model's SPLADE pooling over its masked-LM logits
     late: LateInteraction | None = None  # a multi-vector (ColBERT) model's query and document encoding
+    m3: M3Heads | None = None  # bge-m3's lexical and ColBERT heads beside a native encoder (common.m3)
 
     @property
     def dimensions(self) -> int:
@@ -139,11 +140,14 @@ def _read(path: Path) -> ModelFolder:
     pooling, normalize, dense, splade = _modules(path, modules, hidden, tokens=late is not None)
     if late is not None:
         kind = "multi-vector"
+    m3 = read_m3(path) if kind == "embedding" else None
+    if m3 is not None and not modules:
+        pooling, normalize = "cls", True  # FlagEmbedding's dense vector: the first token's state, normalised
     if splade is not None:
         if not architecture.endswith("ForMaskedLM"):
             raise ModelError(f"{path} has SPLADE pooling but a {architecture}: SPLADE pools a masked-LM head's logits")
         kind = "sparse"
-    native = native_model(path, config, kind)
+    native = native_model(config, kind, safetensors_weights(path))
     if pair_template is not None and not native:
         raise ModelError(
             f"{path} is served as a yes/no reranker ({architecture} without sentence-transformers modules), which "
@@ -167,6 +171,7 @@ def _read(path: Path) -> ModelFolder:
         dense=dense,
         splade=splade,
         late=late,
+        m3=m3 if native else None,
         config=config,
         prompts=prompts,
         default_prompt_name=default_prompt_name,
@@ -208,7 +213,9 @@ def files_to_load(path: Path) -> list[Path]:
     ]
     named = [path / n for n in _CONFIG_FILES] + module_configs + [path / n for n in _TOKENIZER_FILES]
     module_weights = [f.parent / n for f in module_configs for n in ("model.safetensors", "pytorch_model.bin")]
-    return [f for f in named if f.is_file()] + weight_files(path) + [f for f in module_weights if f.is_file()]
+    heads = read_m3(path)
+    extra = [f for f in module_weights if f.is_file()] + ([] if heads is None else heads.files())
+    return [f for f in named if f.is_file()] + weight_files(path) + extra
 
 
 BIN = "pytorch_model.bin"
@@ -243,83 +250,6 @@ def pickled_weights(info: ModelFolder) -> list[Path]:
     model = [f for f in weight_files(info.path) if f.name.endswith(".bin")]
     dense = [d.path / BIN for d in info.dense if not (d.path / "model.safetensors").is_file()]
     return model + [f for f in dense if f.is_file()]
-
-
-# model_type -> (architectures served as embedding models, as classifiers) by a native engine
-# family; engine.families.LOADERS has a loader for each.
-NATIVE_FAMILIES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    family: (frozenset({f"{name}Model", f"{name}ForMaskedLM", *extra}), frozenset({f"{name}ForSequenceClassification"}))
-    for family, name, extra in (
-        ("bert", "Bert", ["BertForPreTraining"]),
-        ("roberta", "Roberta", []),
-        ("xlm-roberta", "XLMRoberta", []),
-        ("mpnet", "MPNet", []),
-        ("modernbert", "ModernBert", []),
-    )
-}
-NATIVE_FAMILIES["gemma3_text"] = (frozenset({"Gemma3TextModel"}), frozenset())  # EmbeddingGemma: embeddings only
-# NomicBERT and GTE (engine.nomic_gte): encoders only
-NATIVE_FAMILIES["nomic_bert"] = (frozenset({"NomicBertModel", "NomicBertForMaskedLM"}), frozenset())
-NATIVE_FAMILIES["gte"] = (frozenset({"GteModel", "GteForMaskedLM"}), frozenset())
-# The original nomic-bert config's switches (real nomic-embed folders carry them), at the values
-# engine.nomic_gte computes: absent, or these.
-NOMIC_SWITCHES: dict[str, Any] = {
-    "prenorm": False,
-    "parallel_block": False,
-    "causal": False,
-    "use_rms_norm": False,
-    "activation_function": "swiglu",
-    "qkv_proj_bias": False,
-    "mlp_fc1_bias": False,
-    "mlp_fc2_bias": False,
-    "rotary_emb_fraction": 1.0,
-    "rotary_emb_interleaved": False,
-    "rotary_emb_scale_base": None,
-    "rotary_scaling_factor": None,
-}
-# Qwen3-Embedding (its config names Qwen3ForCausalLM, its weights are Qwen3Model's) and, as a "classifier",
-# a Qwen3ForCausalLM folder that common.causal_reranker makes a yes/no reranker
-NATIVE_FAMILIES["qwen3"] = (frozenset({"Qwen3Model", "Qwen3ForCausalLM"}), frozenset({"Qwen3ForCausalLM"}))
-# Masked-LM architectures a native family serves with SPLADE pooling (engine.sparse): BERT's head.
-SPARSE_NATIVE: dict[str, frozenset[str]] = {"bert": frozenset({"BertForMaskedLM"})}
-# What a family's config must say besides for its native module to compute what transformers does.
-NATIVE_ONLY_IF: dict[str, Callable[[dict[str, Any]], bool]] = {
-    # bidirectional (EmbeddingGemma): a causal Gemma 3 is left to transformers, as is attention
-    # logit softcapping, which engine.gemma3 does not compute
-    "gemma3_text": lambda c: c.get("use_bidirectional_attention") is True and c.get("attn_logit_softcapping") is None,
-    "qwen3": lambda c: not c.get("use_sliding_window"),  # engine.qwen3 computes full attention only
-    "nomic_bert": lambda c: all(c.get(key, value) == value for key, value in NOMIC_SWITCHES.items()),
-}
-# config.json hidden_act (ModernBERT: hidden_activation, classifier_activation) values the native
-# families compute (engine.layers.ACTIVATIONS).
-NATIVE_ACTIVATIONS = frozenset({"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish"})
-
-
-def native_model(path: Path, config: dict[str, Any], kind: Kind) -> bool:
-    """A model of a native family (absolute or plain rotary positions, known activations) in
-    safetensors, one file or shards: no transformers needed."""
-    family = NATIVE_FAMILIES.get(str(config.get("model_type")))
-    if family is None:
-        return False
-    embedders, classifiers = family
-    architecture = (config.get("architectures") or [None])[0]
-    wanted: set[str | None] | frozenset[str] = classifiers
-    if kind in ("embedding", "multi-vector"):
-        wanted = {*embedders, None}
-    elif kind == "sparse":
-        wanted = SPARSE_NATIVE.get(str(config.get("model_type")), frozenset())
-    activations = {config.get(key, "gelu") for key in ("hidden_act", "hidden_activation", "classifier_activation")}
-    rope = config.get("rope_parameters") or {}  # flat, or one dict per layer type (ModernBERT)
-    return (
-        architecture in wanted
-        and config.get("position_embedding_type", "absolute") == "absolute"
-        and activations <= NATIVE_ACTIVATIONS
-        and not config.get("rope_scaling")
-        and all(p.get("rope_type", "default") == "default" for p in [rope, *rope.values()] if isinstance(p, dict))
-        and not config.get("is_decoder", False)
-        and NATIVE_ONLY_IF.get(str(config.get("model_type")), lambda c: True)(config)
-        and safetensors_weights(path)
-    )
 
 
 def _kind(architecture: str, config: dict[str, Any]) -> Kind:

@@ -5,7 +5,8 @@ Messages are `(kind, body)` tuples pickled with plain pickle:
 - from the engine while starting: LOADED `{detail}`, READY `{detail}`, or FAILED
   `("one-line reason", traceback or None)`; then, per group of inputs run, RESULT
   `([key, ...], float32 array [n, dims], batch stats dict)` (for `per_token` inputs, a list of
-  float32 arrays [tokens, hidden], one per key) or ERROR `([key, ...], "reason")`, and
+  float32 arrays [tokens, hidden], one per key; for inputs naming `outputs`, a dict of arrays
+  per key) or ERROR `([key, ...], "reason")`, and
   CANCELLED `None` once it has dropped the inputs of a CANCEL; COMPILE `{detail}` whenever its
   compiled forward's state changes (engine/compiler.py), while starting or serving.
 """
@@ -41,6 +42,7 @@ class Tokens(NamedTuple):
     per_token: bool = False  # answer every token's vector (TEI's /embed_all), not the pooled one
     priority: int = 0  # the request's priority: lower runs first (vLLM's `priority`)
     keys: int = 0  # attend to the first `keys` tokens only (a ColBERT query's padding masks); 0: all
+    outputs: tuple[str, ...] = ()  # bge-m3's outputs asked for (common.m3.OUTPUTS); (): the pooled row
 
 
 Keyed = tuple[int, Tokens]  # an input on the wire: the client's key for it, and its tokens

@@ -3,7 +3,7 @@
 On these machines `import transformers` plus its model-loading path costs ~3 s of a ~5 s cold
 start, more than torch itself; TEI likewise ships its own model implementations. The module
 names mirror transformers' BertModel so checkpoints load by name; any model no native family
-covers (see common.modelfolder.native_model) is loaded with transformers instead.
+covers (see common.native.native_model) is loaded with transformers instead.
 
 Batches run packed, without padding: every linear layer (nearly all of the work) sees only real
 tokens, and attention runs per input on that input's own tokens, as TEI does with varlen attention

@@ -1,4 +1,4 @@
-"""Which native module serves a model_type: the registry common.modelfolder.NATIVE_FAMILIES mirrors."""
+"""Which native module serves a model_type: the registry common.native.NATIVE_FAMILIES mirrors."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def load(
     score_tokens: tuple[int, int] | None = None,
 ) -> nn.Module:
     """The folder's model on its family's module: a packed batch in, hidden states [T, H] or
-    logits [B, labels] out. common.modelfolder.native_model has said the model_type is one of ours.
+    logits [B, labels] out. common.native.native_model has said the model_type is one of ours.
     With score_tokens (a yes/no reranker) the logits are one column: l_yes - l_no."""
     if score_tokens is not None:
         return SCORERS[str(config["model_type"])](folder, config, score_tokens, device, dtype)

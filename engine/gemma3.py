@@ -9,7 +9,7 @@ token sees every other, and a sliding layer's those within sliding_window // 2 e
 (transformers keeps sliding_window // 2 + 1 as an exclusive bound): the shared band mask.
 
 Causal Gemma 3 models and ones with attention logit softcapping are left to transformers
-(common.modelfolder.native_model). final_logit_softcapping caps the language-model head's logits,
+(common.native.native_model). final_logit_softcapping caps the language-model head's logits,
 which an embedding model never computes.
 """
 

@@ -24,7 +24,7 @@ from engine.checkpoint import read_checkpoint
 from engine.packed import Packed
 
 # config.json's hidden_act -> the function, as transformers' ACT2FN computes it
-# (common.modelfolder.NATIVE_ACTIVATIONS lists the same names).
+# (common.native.NATIVE_ACTIVATIONS lists the same names).
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),

@@ -10,7 +10,7 @@ import torch
 
 from common.modelfolder import ModelError, ModelFolder
 from common.wire import Tokens
-from engine import dense, int8, multivector, preloaded, sparse
+from engine import dense, int8, m3, multivector, preloaded, sparse
 from engine.device import Placement
 from engine.packed import Packed
 from engine.pooling import pool, pool_packed
@@ -21,7 +21,9 @@ class PoolingModel:
     """Models of a native family run on its engine module (engine.families); anything else on
     transformers. sentence-transformers' Dense modules follow the pooling on either."""
 
-    def __init__(self, info: ModelFolder, threads: int, placement: Placement | None = None) -> None:
+    def __init__(
+        self, info: ModelFolder, threads: int, placement: Placement | None = None, allow_pickles: bool = False
+    ) -> None:
         torch.set_num_threads(threads)
         self.info = info
         self.placement = placement or Placement(torch.device("cpu"), torch.float32)
@@ -40,6 +42,9 @@ class PoolingModel:
         projects = info.kind == "embedding" or (info.kind == "multi-vector" and not info.native)
         self.dense = dense.load(info.dense, device, dtype) if projects else None
         self.compiled: Callable[[Packed], torch.Tensor] | None = None  # set by engine.compiler
+        # bge-m3's heads: small (hidden x (1 + hidden)), loaded here rather than in the forkserver
+        loadable = info.m3 is not None and (allow_pickles or not info.m3.pickled)
+        self.m3 = m3.load(info.m3, info.hidden_size, device, dtype) if loadable and info.m3 else None
 
     def _run(self, packed: Packed) -> torch.Tensor:
         if self.compiled is None or packed.keys is not None:  # the compiled graph attends to every token
@@ -61,6 +66,19 @@ class PoolingModel:
                 return out.float().cpu().numpy()  # type: ignore[no-any-return]
             return self._project(pool_packed(out, packed, self.info.pooling))
         return self._forward_padded(items)
+
+    @torch.inference_mode()
+    def forward_outputs(self, items: list[Tokens]) -> list[dict[str, np.ndarray]]:
+        """bge-m3: each input's asked outputs (engine/m3.py) from one forward of the group."""
+        if self.m3 is None:
+            raise ModelError(f"{self.info.path} has no bge-m3 heads loaded: it answers its dense vector only")
+        packed = Packed.of(items).to(self.placement.device)
+        hidden = self._run(packed)
+        wanted = [item.outputs for item in items]
+        dense = (
+            self._project(pool_packed(hidden, packed, self.info.pooling)) if any("dense" in w for w in wanted) else None
+        )
+        return m3.outputs(self.m3, hidden, dense, packed, wanted)
 
     @torch.inference_mode()
     def forward_tokens(self, items: list[Tokens]) -> list[np.ndarray]:

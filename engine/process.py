@@ -41,7 +41,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
         info = read_model_folder(spec.model_path)
         refuse_pickles(info, spec.allow_bin_weights)
         placement = place(spec.device, spec.dtype, weight_files(spec.model_path))
-        model = PoolingModel(info, spec.threads, placement)
+        model = PoolingModel(info, spec.threads, placement, spec.allow_bin_weights)
         share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
         loaded = time.monotonic()
         send(
@@ -55,6 +55,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
                     "backend": "native" if info.native else "transformers",
                     **({"head": f"splade ({info.splade.strategy}, {info.splade.activation})"} if info.splade else {}),
                     **({"head": f"colbert ({info.dimensions} dims per token)"} if info.late else {}),
+                    **({"head": "bge-m3 (dense, sparse, multi_vector)"} if model.m3 else {}),
                     "heap": heap.detail,
                     **model.weights,
                     **placement.detail,
@@ -241,16 +242,17 @@ def _run_batch(
 
 
 def _forward(model: PoolingModel, items: list[Tokens]) -> Any:
-    """Pooled rows, or each input's token vectors where the request asked for them (a group holds
-    one kind or, rarely, both: then each kind runs on its own)."""
-    per_token = [item.per_token for item in items]
-    if not any(per_token):
-        return model.forward(items)
-    if all(per_token):
-        return model.forward_tokens(items)
-    pooled = iter(model.forward([item for item in items if not item.per_token]))
-    tokens = iter(model.forward_tokens([item for item in items if item.per_token]))
-    return [next(tokens) if flag else next(pooled) for flag in per_token]
+    """Pooled rows, each input's token vectors where the request asked for them, or bge-m3's
+    outputs where it named them (a group holds one kind or, rarely, several: then each kind runs
+    on its own)."""
+    modes = ["forward_outputs" if item.outputs else "forward_tokens" if item.per_token else "forward" for item in items]
+    if len(set(modes)) == 1:
+        return getattr(model, modes[0])(items)
+    answers = {
+        mode: iter(getattr(model, mode)([item for item, m in zip(items, modes, strict=True) if m == mode]))
+        for mode in set(modes)
+    }
+    return [next(answers[mode]) for mode in modes]
 
 
 def _tokens(group: list[Keyed], packed: bool) -> int:

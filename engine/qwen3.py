@@ -30,7 +30,7 @@ DEFAULT_THETA = 10_000.0  # Qwen3Config's, for a config that names no rotary bas
 
 def rope_theta(c: dict[str, Any]) -> float:
     """The rotary base; a ModelError for any rotary scaling (YaRN, dynamic, ...), which is not computed
-    here (common.modelfolder.native_model leaves such folders to transformers)."""
+    here (common.native.native_model leaves such folders to transformers)."""
     params, scaling = c.get("rope_parameters") or {}, c.get("rope_scaling") or {}
     kinds = {params.get("rope_type"), scaling.get("rope_type"), scaling.get("type")} - {None, "default"}
     if kinds:

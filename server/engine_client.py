@@ -54,8 +54,8 @@ class Outcome:
     @staticmethod
     def of(rows: list[np.ndarray], queue_ms: float, inference_ms: float) -> Outcome:
         """Pooled rows stacked into one array; per-token results (one 2-D array per input, of
-        different lengths) as an object array of them."""
-        if rows[0].ndim == 1:
+        different lengths) and bge-m3's outputs (a dict per input) as an object array of them."""
+        if isinstance(rows[0], np.ndarray) and rows[0].ndim == 1:
             return Outcome(np.stack(rows), queue_ms, inference_ms)
         ragged = np.empty(len(rows), dtype=object)
         ragged[:] = rows

@@ -51,6 +51,7 @@ def encode_vector(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
 
 
 JSON_FLOAT_BYTES = 16  # the most a float32 takes in to_json: 15 characters at most, and a comma
+ENTRY_BYTES = 36  # the most one sparse weight takes: {"index":30521,"value":1.2345678e-05},
 
 
 def to_json(body: Any) -> bytes:

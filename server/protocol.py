@@ -81,13 +81,19 @@ class LongInputOptions(Part):
     long_inputs: Literal["refuse", "truncate", "chunk"] | None = None
 
 
-class EmbeddingRequest(InputRequest, SparseOptions, LongInputOptions):
+class OutputOptions(Part):
+    """Which of a bge-m3 model's outputs to answer, from one forward (default: the dense vector)."""
+
+    outputs: list[Literal["dense", "sparse", "multi_vector"]] | None = Field(None, min_length=1)
+
+
+class EmbeddingRequest(InputRequest, SparseOptions, LongInputOptions, OutputOptions):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
 
 
-class PoolingRequest(InputRequest):
+class PoolingRequest(InputRequest, OutputOptions):
     """vLLM's /pooling: answers the engine's raw output."""
 
     encoding_format: Literal["float", "base64"] = "float"

@@ -11,6 +11,7 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +55,7 @@ class TokenizerPool:
             raise ModelError(f"cannot load tokenizer {path}: {exc}") from exc
         prototype.no_padding()
         prototype.no_truncation()
+        self.folder = folder
         self._json = prototype.to_str()
         self._local = threading.local()
         self.vocab_size = prototype.get_vocab_size(with_added_tokens=True)
@@ -67,6 +69,25 @@ class TokenizerPool:
             self._suffix = prototype.encode(pair_template.suffix, add_special_tokens=False).ids
             self.special_tokens_pair = len(self._prefix) + len(self._suffix) + self.special_tokens
         self.markers = None if late is None else _markers(prototype, folder, late)
+
+    @cached_property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of the tokenizer's cls, eos, pad and unk tokens (the ones bge-m3's lexical
+        weights leave out), as its tokenizer_config.json and special_tokens_map.json name them."""
+        named: dict[str, Any] = {}
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+            try:
+                named.update(json.loads((self.folder / name).read_text()))
+            except (OSError, ValueError):
+                continue
+        ids = set()
+        for role in ("cls_token", "eos_token", "pad_token", "unk_token"):
+            token = named.get(role)
+            token = token.get("content") if isinstance(token, dict) else token
+            found = self.get().token_to_id(token) if isinstance(token, str) else None
+            if found is not None:
+                ids.add(found)
+        return frozenset(ids)
 
     def get(self) -> Tokenizer:
         tok = getattr(self._local, "tok", None)

@@ -113,6 +113,23 @@ def build_colbert(dest: Path, tokenizer_from: Path, **late: Any) -> Path:
     return dest
 
 
+def build_m3(dest: Path, model_dir: Path) -> Path:
+    """A bge-m3 folder as FlagEmbedding saves one: a tiny XLM-R encoder (CLS pooling, normalised)
+    with sparse_linear.pt (32 -> 1) and colbert_linear.pt (32 -> 32) beside it, as torch pickles.
+    The sparse head's bias is raised so that most tokens keep a weight above 0, as trained ones do."""
+    import torch
+
+    spec = Tiny("xlm-roberta", pooling="cls", normalize=True)
+    torch.manual_seed(17)
+    _build_sentence_transformer(dest, _build_hf(dest.with_name(f"{dest.name}-hf"), spec, model_dir, 17), spec)
+    gen = torch.Generator().manual_seed(17)
+    sparse = {"weight": torch.randn(1, 32, generator=gen) * 0.3, "bias": torch.tensor([0.6])}
+    colbert = {"weight": torch.randn(32, 32, generator=gen) * 0.3, "bias": torch.randn(32, generator=gen) * 0.1}
+    torch.save(sparse, dest / "sparse_linear.pt")
+    torch.save(colbert, dest / "colbert_linear.pt")
+    return dest
+
+
 def save_with_tokenizer(model: Any, dest: Path, tokenizer_from: Path) -> Path:
     """A model folder as a hub download looks: weights, config and the embedded model's tokenizer."""
     model.eval().save_pretrained(dest)

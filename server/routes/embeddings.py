@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import chunking, inputs, late_interaction, outputs
+from server import chunking, hybrid, inputs, late_interaction, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
@@ -34,13 +34,24 @@ def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[EmbeddingReq
             "a sparse (SPLADE) model answers {indices, values}: 'dimensions' and base64 do not apply", "encoding_format"
         )
     prompt = prompt_text(ctx.folder, body.prompt_name)
+    wanted = hybrid.asked(body.outputs, ctx)
+    if wanted is not None and (body.dimensions is not None or body.encoding_format != "float"):
+        raise inputs.bad_request("'dimensions' and base64 apply to the dense vector alone, not to 'outputs'", "outputs")
     tokens, windows = chunking.tokenize(body.input, ctx, body.truncate_prompt_tokens, body.long_inputs, prompt=prompt)
+    if wanted is not None:
+        return Prepared(body, hybrid.marked(tokens, wanted, ctx, "input"), windows)
     sparse.budget_rows(ctx, len(tokens), "input")
     return Prepared(body, tokens, windows)
 
 
 def render_embeddings(prep: Prepared[EmbeddingRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
     body = prep.body
+    if prep.tokens[0].outputs:  # bge-m3's outputs, of each input or (chunked) each window
+        data = [
+            {"object": "embedding", "index": i, **item}
+            for i, item in enumerate(hybrid.items(outcome.vectors, prep, ctx))
+        ]
+        return outputs.to_json(envelope("embd", ctx, data=data, usage=prep.usage()))
     pooled = chunking.combine(outcome.vectors, prep.extra, sparse=ctx.folder.kind == "sparse")
     if ctx.folder.kind == "sparse":
         rows = sparse.weights(pooled, body, ctx, "input")
@@ -64,14 +75,21 @@ def prepare_pooling(raw: bytes, ctx: RequestContext) -> Prepared[PoolingRequest]
         role = late_interaction.role_of(ctx, body.prompt_name, body.input_type)
         return Prepared(body, late_interaction.tokenize(body.input, ctx, role, body.truncate_prompt_tokens), role)
     prompt = prompt_text(ctx.folder, body.prompt_name)
+    wanted = hybrid.asked(body.outputs, ctx)
     tokens = inputs.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens, prompt=prompt)
-    return Prepared(body, tokens)
+    return Prepared(body, tokens if wanted is None else hybrid.marked(tokens, wanted, ctx, "input"))
 
 
 def render_pooling(prep: Prepared[PoolingRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
     """The engine's output as is: pooled hidden states (before Normalize) or classifier logits; a
     multi-vector model's token vectors (those it scores), a list per input."""
     fmt = prep.body.encoding_format
+    if prep.tokens[0].outputs:
+        data = [
+            {"object": "pooling", "index": i, "data": item}
+            for i, item in enumerate(hybrid.items(outcome.vectors, prep, ctx))
+        ]
+        return outputs.to_json(envelope("pool", ctx, data=data, usage=prep.usage()))
     if prep.extra is not None:
         rows = late_interaction.token_vectors(prep, outcome, ctx)
         data = [{"object": "pooling", "index": i, "data": outputs.encode_vector(v, fmt)} for i, v in enumerate(rows)]

@@ -61,19 +61,21 @@ def model_list(request: Request, owner: str) -> dict[str, object]:
                 "max_model_len": folder.max_model_len,
                 "dimensions": folder.dimensions,
                 "capabilities": _CAPABILITIES.get(folder.kind, []),
-                **_outputs(folder),
+                **_outputs(folder, svc.settings.allow_bin_weights == "on"),
             }
         )
     return {"object": "list", "data": cards}
 
 
-def _outputs(folder: ModelFolder) -> dict[str, object]:
+def _outputs(folder: ModelFolder, allow_pickles: bool) -> dict[str, object]:
     """What an embedding model answers, and how it pools: a dense vector, sparse weights, or one
     vector per token (scored by MaxSim)."""
     if folder.kind == "sparse":
         return {"outputs": ["sparse"], "pooling": "splade"}
     if folder.kind == "multi-vector":
         return {"outputs": ["multi_vector"], "pooling": "none", "similarity": "maxsim"}
+    if folder.kind == "embedding" and folder.m3 is not None and (allow_pickles or not folder.m3.pickled):
+        return {"outputs": ["dense", "sparse", "multi_vector"], "pooling": folder.pooling}  # bge-m3's heads
     if folder.kind == "embedding":
         return {"outputs": ["dense"], "pooling": folder.pooling}
     return {}

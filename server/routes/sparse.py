@@ -11,7 +11,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import chunking, inputs, outputs
+from server import chunking, hybrid, inputs, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer
@@ -21,7 +21,6 @@ from server.protocol_tei import TEIEmbedSparseRequest, truncation
 
 router = APIRouter(tags=["tei"])
 
-ENTRY_BYTES = 36  # the most one weight takes: {"index":30521,"value":1.2345678e-05},
 ROW_BYTES_PER_ENTRY = 4  # the engine sends each input's whole [vocabulary] float32 row
 
 
@@ -34,7 +33,8 @@ def budget_rows(ctx: RequestContext, inputs_: int, field: str) -> None:
 
 def prepare_embed_sparse(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedSparseRequest]:
     body = inputs.parse(TEIEmbedSparseRequest, raw)
-    ctx.require("/embed_sparse", "sparse")
+    if ctx.folder.m3 is None:
+        ctx.require("/embed_sparse", "sparse")
     tokens, windows = chunking.tokenize(
         body.inputs,
         ctx,
@@ -44,6 +44,10 @@ def prepare_embed_sparse(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedSp
         prompt=prompt_text(ctx.folder, body.prompt_name),
         direction=body.truncation_direction,
     )
+    if ctx.folder.m3 is not None:  # bge-m3: its lexical weights
+        wanted = hybrid.asked(["sparse"], ctx)
+        assert wanted is not None
+        return Prepared(body, hybrid.marked(tokens, wanted, ctx, "inputs"), windows)
     budget_rows(ctx, len(tokens), "inputs")
     return Prepared(body, tokens, windows)
 
@@ -52,12 +56,12 @@ def weights(
     rows: np.ndarray, options: SparseOptions, ctx: RequestContext, field: str = "inputs"
 ) -> list[tuple[list[int], list[float]]]:
     """Each row's non-zero weights as (indices ascending, values): those above `threshold`, the
-    `top_k` largest of them; sized (ENTRY_BYTES a weight) against the response budget first."""
+    `top_k` largest of them; sized (outputs.ENTRY_BYTES a weight) against the response budget first."""
     kept = rows > (options.threshold or 0.0)
     if options.top_k is not None:
         beyond = np.argsort(-rows, axis=1, kind="stable")[:, options.top_k :]
         np.put_along_axis(kept, beyond, False, axis=1)
-    ctx.budget_response(int(kept.sum()) * ENTRY_BYTES, field)
+    ctx.budget_response(int(kept.sum()) * outputs.ENTRY_BYTES, field)
     found = []
     for row, keep in zip(rows, kept, strict=True):
         indices = np.flatnonzero(keep)
@@ -66,8 +70,9 @@ def weights(
 
 
 def check_sparse_options(options: SparseOptions, ctx: RequestContext) -> None:
-    """top_k and threshold prune a sparse model's weights: on any other model they are a 400."""
-    if ctx.folder.kind != "sparse":
+    """top_k and threshold prune a sparse model's (or bge-m3's lexical) weights: on any other
+    model they are a 400."""
+    if ctx.folder.kind != "sparse" and ctx.folder.m3 is None:
         for name in ("top_k", "threshold"):
             if getattr(options, name) is not None:
                 raise inputs.bad_request(f"'{name}' applies to sparse (SPLADE) models only", name)
@@ -75,7 +80,11 @@ def check_sparse_options(options: SparseOptions, ctx: RequestContext) -> None:
 
 def render_embed_sparse(prep: Prepared[TEIEmbedSparseRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
     """TEI's shape."""
-    rows = weights(chunking.combine(outcome.vectors, prep.extra, sparse=True), prep.body, ctx)
+    if prep.tokens[0].outputs:
+        found = [item["sparse"] for item in hybrid.items(outcome.vectors, prep, ctx)]
+        rows = [(f["indices"], f["values"]) for f in found]
+    else:
+        rows = weights(chunking.combine(outcome.vectors, prep.extra, sparse=True), prep.body, ctx)
     return outputs.to_json(
         [[{"index": i, "value": v} for i, v in zip(indices, values, strict=True)] for indices, values in rows]
     )

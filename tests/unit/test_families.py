@@ -23,14 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.modelfolder import (
-    DENSE_ACTIVATIONS,
-    NATIVE_ACTIVATIONS,
-    NATIVE_FAMILIES,
-    DenseLayer,
-    ModelError,
-    read_model_folder,
-)
+from common.modelfolder import DENSE_ACTIVATIONS, DenseLayer, ModelError, read_model_folder
+from common.native import NATIVE_ACTIVATIONS, NATIVE_FAMILIES
 from common.wire import Tokens
 from engine import dense, gemma3, nomic_gte
 from engine.device import Placement
