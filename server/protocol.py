@@ -91,6 +91,7 @@ class EmbeddingRequest(InputRequest, SparseOptions, LongInputOptions, OutputOpti
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
+    late_chunking: bool = False  # Jina's: the inputs are one document's chunks, pooled in its context
 
 
 class PoolingRequest(InputRequest, OutputOptions):

@@ -156,6 +156,28 @@ class TokenizerPool:
             tok.no_truncation()
         return [[_tokens(e), *(_tokens(o) for o in e.overflowing)] for e in encodings]
 
+    def encode_windows_with_offsets(
+        self, text: str, max_tokens: int, overlap: int
+    ) -> list[tuple[Tokens, list[int | None]]]:
+        """encode_windows for one text, each window with its tokens' start offsets in the text
+        (None for special tokens)."""
+        tok = self.get()
+        tok.enable_truncation(max_length=max_tokens, stride=overlap, direction="right")
+        try:
+            (encoding,) = tok.encode_batch([text], add_special_tokens=True)  # with offsets, off the GIL
+        finally:
+            tok.no_truncation()
+        return [
+            (
+                _tokens(e),
+                [
+                    None if special else start
+                    for (start, _), special in zip(e.offsets, e.special_tokens_mask, strict=True)
+                ],
+            )
+            for e in (encoding, *encoding.overflowing)
+        ]
+
     def encode(self, text: str, pair: str | None = None, truncate: int | None = None) -> Tokens:
         return self.encode_batch([text if pair is None else (text, pair)], truncate)[0]
 

@@ -64,3 +64,81 @@ def test_tokenize_counts_a_text_far_longer_than_the_model_takes(server: ServerPr
     tokenizer.no_truncation()
     expected = tokenizer.encode(text).ids
     assert r.json()["count"] == len(expected) and r.json()["tokens"] == expected
+
+
+def chunk_means(chunks: list[str], windows_: list[tuple[list[int | None], np.ndarray]]) -> np.ndarray:
+    """By hand: each chunk's mean over every window of the states of the tokens starting inside it."""
+    starts = np.cumsum([0, *(len(c) for c in chunks)])
+    sums, counts = np.zeros((len(chunks), windows_[0][1].shape[1])), np.zeros(len(chunks))
+    for offsets, states in windows_:
+        for offset, state in zip(offsets, states, strict=True):
+            if offset is not None:
+                owner = int(np.searchsorted(starts, offset, side="right")) - 1
+                sums[owner] += state
+                counts[owner] += 1
+    means = sums / counts[:, None]
+    return means / np.linalg.norm(means, axis=1, keepdims=True)  # type: ignore[no-any-return]
+
+
+def offsets_of(
+    model_dir: Path, text: str, max_tokens: int = 256, overlap: int = 32
+) -> list[tuple[list[int], list[int | None]]]:
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_tokens, stride=overlap)
+    encoding = tokenizer.encode(text)
+    return [
+        (
+            e.ids,
+            [None if special else start for (start, _), special in zip(e.offsets, e.special_tokens_mask, strict=True)],
+        )
+        for e in (encoding, *encoding.overflowing)
+    ]
+
+
+def test_late_chunking_pools_each_chunk_from_the_whole_documents_token_states(  # type: ignore[no-untyped-def]
+    server: ServerProcess, model_dir: Path, st_model
+) -> None:
+    """`late_chunking`: the chunks are joined and encoded once; each chunk's vector is the normalised
+    mean of its own tokens' states (sentence-transformers' token embeddings of the whole text),
+    which differs from embedding the chunk alone."""
+    chunks = ["The warm pool keeps models loaded. ", "Engines restart in a second. ", "Probes answer at once."]
+    ((_, offsets),) = offsets_of(model_dir, "".join(chunks))
+    states = st_model.encode("".join(chunks), output_value="token_embeddings").numpy()
+    expected = chunk_means(chunks, [(offsets, states)])
+    r = server.post("/v1/embeddings", json={"input": chunks, "late_chunking": True})
+    assert r.status_code == 200, r.text
+    got = np.asarray([d["embedding"] for d in r.json()["data"]])
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    alone = np.asarray(st_model.encode(chunks))
+    assert np.abs(got - alone).max() > 0.01  # the context moved them
+
+
+def test_late_chunking_a_document_longer_than_the_model_uses_every_window(
+    server: ServerProcess, model_dir: Path
+) -> None:
+    """A document past 256 tokens is encoded as overlapping windows; a chunk's tokens are pooled
+    from every window holding them (each window's states from /embed_all on its token ids)."""
+    sentences = [s + "." for s in LONG.split(".") if s.strip()]
+    found = offsets_of(model_dir, "".join(sentences))
+    assert len(found) >= 3
+    states = [np.asarray(server.post("/embed_all", json={"inputs": ids}).json()[0]) for ids, _ in found]
+    expected = chunk_means(sentences, [(offsets, s) for (_, offsets), s in zip(found, states, strict=True)])
+    r = server.post("/v1/embeddings", json={"input": sentences, "late_chunking": True})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"]) == len(sentences)
+    np.testing.assert_allclose([d["embedding"] for d in r.json()["data"]], expected, atol=1e-5, rtol=0)
+
+
+def test_late_chunking_refuses_what_it_cannot_pool(server: ServerProcess, classifier_server: ServerProcess) -> None:
+    """A chunk without a token of its own, a single text and options it does not combine with are
+    400s naming the field; a model that is not mean-pooled says so."""
+    for body, field in (
+        ({"input": ["the warm pool", ""], "late_chunking": True}, "input"),
+        ({"input": "one text", "late_chunking": True}, "input"),
+        ({"input": ["a", "b"], "late_chunking": True, "long_inputs": "chunk"}, "late_chunking"),
+    ):
+        r = server.post("/v1/embeddings", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    r = classifier_server.post("/v1/embeddings", json={"input": ["a", "b"], "late_chunking": True})
+    assert r.status_code == 400, r.text

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import chunking, hybrid, inputs, late_interaction, outputs
+from server import chunking, hybrid, inputs, late_chunking, late_interaction, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
@@ -34,6 +34,15 @@ def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[EmbeddingReq
             "a sparse (SPLADE) model answers {indices, values}: 'dimensions' and base64 do not apply", "encoding_format"
         )
     prompt = prompt_text(ctx.folder, body.prompt_name)
+    if body.late_chunking:
+        if body.truncate_prompt_tokens is not None or body.outputs is not None or body.long_inputs is not None:
+            raise inputs.bad_request(
+                "late_chunking windows the whole document itself: truncate_prompt_tokens, long_inputs and "
+                "outputs do not apply",
+                "late_chunking",
+            )
+        tokens, late = late_chunking.tokenize(body.input, ctx, prompt)
+        return Prepared(body, tokens, late)
     wanted = hybrid.asked(body.outputs, ctx)
     if wanted is not None and (body.dimensions is not None or body.encoding_format != "float"):
         raise inputs.bad_request("'dimensions' and base64 apply to the dense vector alone, not to 'outputs'", "outputs")
@@ -52,7 +61,10 @@ def render_embeddings(prep: Prepared[EmbeddingRequest], outcome: Outcome, ctx: R
             for i, item in enumerate(hybrid.items(outcome.vectors, prep, ctx))
         ]
         return outputs.to_json(envelope("embd", ctx, data=data, usage=prep.usage()))
-    pooled = chunking.combine(outcome.vectors, prep.extra, sparse=ctx.folder.kind == "sparse")
+    if isinstance(prep.extra, late_chunking.LateChunks):
+        pooled = late_chunking.pooled(outcome.vectors, prep.extra, normalize=False)
+    else:
+        pooled = chunking.combine(outcome.vectors, prep.extra, sparse=ctx.folder.kind == "sparse")
     if ctx.folder.kind == "sparse":
         rows = sparse.weights(pooled, body, ctx, "input")
         data = [
