@@ -6,12 +6,12 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictStr, field_validator
 
-from server.protocol import Body
+from server.protocol import Body, LongInputOptions
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 
 
-class CohereEmbedRequest(Body):
+class CohereEmbedRequest(Body, LongInputOptions):
     texts: list[StrictStr] | None = None
     model: str | None = None
     input_type: str | None = None  # search_query, search_document, classification, clustering

@@ -142,3 +142,15 @@ def test_late_chunking_refuses_what_it_cannot_pool(server: ServerProcess, classi
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     r = classifier_server.post("/v1/embeddings", json={"input": ["a", "b"], "late_chunking": True})
     assert r.status_code == 400, r.text
+
+
+def test_cohere_embed_chunks_a_long_text_when_asked(server: ServerProcess) -> None:
+    """Cohere's /v2/embed with `long_inputs: chunk` gives /v1/embeddings' chunked vector; without
+    it Cohere's default truncation (END) still cuts the text."""
+    chunked = server.post("/v1/embeddings", json={"input": LONG, "long_inputs": "chunk"}).json()["data"][0]["embedding"]
+    r = server.post("/v2/embed", json={"texts": [LONG], "long_inputs": "chunk", "embedding_types": ["float"]})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["embeddings"]["float"][0], chunked, atol=1e-6, rtol=0)
+    cut = server.post("/v1/embeddings", json={"input": LONG, "long_inputs": "truncate"}).json()["data"][0]["embedding"]
+    r = server.post("/v2/embed", json={"texts": [LONG], "embedding_types": ["float"]})
+    np.testing.assert_allclose(r.json()["embeddings"]["float"][0], cut, atol=1e-6, rtol=0)

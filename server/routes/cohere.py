@@ -4,6 +4,8 @@ routes/score.py). Errors leave in Cohere's shape: {"id", "message"}.
 `input_type` picks the model's matching sentence-transformers prompt; `truncate` END (Cohere's
 default) cuts the end of a long text, START its start, NONE refuses it; `max_tokens` cuts sooner;
 `output_dimension` shortens the vectors (Matryoshka) as `dimensions` does on /v1/embeddings.
+`long_inputs: chunk` (or WARMPOOL_LONG_INPUTS=chunk, where the request sets no `truncate`) embeds
+a long text as overlapping windows, as on /v1/embeddings.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import inputs, outputs
+from server import chunking, inputs, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer
@@ -37,20 +39,25 @@ def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[CohereEmbedReques
     truncate = None
     if body.truncate != "NONE":
         truncate = -1 if body.max_tokens is None else min(body.max_tokens, ctx.folder.max_model_len)
-    tokens = inputs.tokenize_inputs(
+    chunk = body.long_inputs == "chunk" or (
+        body.long_inputs is None and "truncate" not in body.model_fields_set and ctx.settings.long_inputs == "chunk"
+    )
+    tokens, windows = chunking.tokenize(
         body.texts,
         ctx,
-        truncate,
+        None if chunk else truncate,
+        "chunk" if chunk else "refuse",
         "texts",
         prompt=prompt_for_input_type(ctx.folder, body.input_type),
         direction="left" if body.truncate == "START" else "right",
     )
-    return Prepared(body, tokens)
+    return Prepared(body, tokens, windows)
 
 
 def by_type(prep: Prepared[CohereEmbedRequest], outcome: Outcome, ctx: RequestContext) -> dict[str, list[Any]]:
     """The embeddings in every type asked for (float when none is)."""
-    vectors = outputs.embeddings(outcome.vectors, prep.body.output_dimension, ctx.folder.normalize)
+    pooled = chunking.combine(outcome.vectors, prep.extra)
+    vectors = outputs.embeddings(pooled, prep.body.output_dimension, ctx.folder.normalize)
     return {kind: outputs.quantize(vectors, kind) for kind in dict.fromkeys(prep.body.embedding_types or ["float"])}
 
 
