@@ -9,7 +9,9 @@ length, and the words whose tokens a document's vectors leave out (punctuation).
 
 from __future__ import annotations
 
+import json
 import string
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,3 +72,41 @@ def read_late_interaction(st_config: dict[str, Any], folder: Path) -> LateIntera
     if found.query_length < 3 or found.document_length < 3:
         raise LateInteractionError(f"query_length and document_length in {folder} must be at least 3")
     return found
+
+
+def read_stanford(folder: Path) -> tuple[LateInteraction, tuple[int, int]]:
+    """A Stanford-NLP ColBERT folder (architectures HF_ColBERT): its artifact.metadata's switches
+    (ColBERT's defaults where absent; queries always padded with masks) and the (out, in) shape of
+    the projection its checkpoint keeps beside the encoder, as `linear.weight`."""
+    where = folder / "artifact.metadata"
+    try:
+        meta = json.loads(where.read_text()) if where.is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise LateInteractionError(f"cannot read {where}: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise LateInteractionError(f"{where} is not a JSON object")
+    default = LateInteraction()
+    late = read_late_interaction(
+        {
+            "query_prefix": meta.get("query_token_id") or default.query_prefix,
+            "document_prefix": meta.get("doc_token_id") or default.document_prefix,
+            "query_length": meta.get("query_maxlen"),
+            "document_length": meta.get("doc_maxlen"),
+            "attend_to_expansion_tokens": meta.get("attend_to_mask_tokens"),
+            "skiplist_words": list(string.punctuation) if meta.get("mask_punctuation", True) else [],
+        },
+        folder,
+    )
+    return late, _tensor_shape(folder / "model.safetensors", "linear.weight")
+
+
+def _tensor_shape(path: Path, name: str) -> tuple[int, int]:
+    """A 2-D tensor's shape from a safetensors file's JSON header (no torch)."""
+    try:
+        with path.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(min(size, 100_000_000)))
+        rows, cols = header[name]["shape"]
+        return int(rows), int(cols)
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+        raise LateInteractionError(f"no 2-D '{name}' in {path}: a Stanford ColBERT keeps its projection there") from exc

@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.causal_reranker import PairTemplate, reranker_template, score_token_ids
-from common.late_interaction import LateInteraction, LateInteractionError, is_pylate, read_late_interaction
+from common.late_interaction import (
+    LateInteraction,
+    LateInteractionError,
+    is_pylate,
+    read_late_interaction,
+    read_stanford,
+)
 from common.m3 import M3Heads, read_m3
 from common.native import Kind, native_model
 from common.splade import Splade, read_splade
@@ -136,8 +142,9 @@ def _read(path: Path) -> ModelFolder:
     score_tokens = None if pair_template is None else _score_tokens(path, architecture)
     kind: Kind = _kind(architecture, config) if pair_template is None else "cross-encoder"
     hidden = int(config.get("hidden_size") or config.get("d_model") or config.get("dim") or config.get("n_embd") or 0)
-    late = _late_interaction(path) if kind == "embedding" else None
+    late, projection = _late_interaction(path, architecture) if kind == "embedding" else (None, ())
     pooling, normalize, dense, splade = _modules(path, modules, hidden, tokens=late is not None)
+    dense = dense or projection
     if late is not None:
         kind = "multi-vector"
     m3 = read_m3(path) if kind == "embedding" else None
@@ -272,11 +279,15 @@ def _score_tokens(path: Path, architecture: str) -> tuple[int, int]:
     return ids
 
 
-def _late_interaction(path: Path) -> LateInteraction | None:
-    """PyLate's ColBERT switches, where config_sentence_transformers.json has them."""
-    st = _read_json(path / "config_sentence_transformers.json")
+def _late_interaction(path: Path, architecture: str) -> tuple[LateInteraction | None, tuple[DenseLayer, ...]]:
+    """A ColBERT's switches: PyLate's, where config_sentence_transformers.json has them, or a
+    Stanford-NLP folder's (HF_ColBERT), with the projection its checkpoint holds as a Dense layer."""
     try:
-        return read_late_interaction(st, path) if is_pylate(st) else None
+        if architecture == "HF_ColBERT":
+            late, (out, fan_in) = read_stanford(path)
+            return late, (DenseLayer(path, fan_in, out, bias=False, activation="Identity"),)
+        st = _read_json(path / "config_sentence_transformers.json")
+        return (read_late_interaction(st, path) if is_pylate(st) else None), ()
     except LateInteractionError as exc:
         raise ModelError(str(exc)) from exc
 

@@ -13,7 +13,7 @@ Kind = Literal["embedding", "classification", "cross-encoder", "sparse", "multi-
 NATIVE_FAMILIES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     family: (frozenset({f"{name}Model", f"{name}ForMaskedLM", *extra}), frozenset({f"{name}ForSequenceClassification"}))
     for family, name, extra in (
-        ("bert", "Bert", ["BertForPreTraining"]),
+        ("bert", "Bert", ["BertForPreTraining", "HF_ColBERT"]),  # HF_ColBERT: Stanford-NLP's ColBERT
         ("roberta", "Roberta", []),
         ("xlm-roberta", "XLMRoberta", []),
         ("mpnet", "MPNet", []),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors import safe_open
 from torch import nn
 
 from common.modelfolder import DenseLayer, ModelError
@@ -58,8 +58,11 @@ def load(layers: tuple[DenseLayer, ...], device: torch.device, dtype: torch.dtyp
 
 
 def _weights(folder: Path, device: torch.device) -> dict[str, torch.Tensor]:
-    """model.safetensors, else pytorch_model.bin read with weights_only (tensors, never code)."""
+    """model.safetensors, else pytorch_model.bin read with weights_only (tensors, never code); only
+    the Dense module's own tensors (a Stanford ColBERT keeps its projection beside the encoder's)."""
+    own = ("linear.", "residual.")
     if (folder / "model.safetensors").is_file():
-        return load_file(str(folder / "model.safetensors"), device=str(device))
-    state: dict[str, torch.Tensor] = torch.load(folder / "pytorch_model.bin", map_location=device, weights_only=True)
-    return state
+        with safe_open(str(folder / "model.safetensors"), framework="pt", device=str(device)) as f:
+            return {key: f.get_tensor(key) for key in f.keys() if key.startswith(own)}  # noqa: SIM118
+    state = torch.load(folder / "pytorch_model.bin", map_location=device, weights_only=True)
+    return {key: tensor for key, tensor in state.items() if key.startswith(own)}

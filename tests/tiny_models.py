@@ -113,6 +113,32 @@ def build_colbert(dest: Path, tokenizer_from: Path, **late: Any) -> Path:
     return dest
 
 
+def build_stanford_colbert(dest: Path, tokenizer_from: Path) -> Path:
+    """A ColBERT folder as Stanford-NLP's colbert-ir saves one: config architectures HF_ColBERT, the
+    encoder's weights under `bert.` with the projection beside them as `linear.weight` in one
+    model.safetensors, and artifact.metadata with its switches."""
+    import json
+
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    torch.manual_seed(19)
+    config = transformers.BertConfig(**{"vocab_size": 30522, "intermediate_size": 64, **SMALL})
+    encoder = jitter(transformers.BertModel(config), 19)
+    save_with_tokenizer(encoder, dest, tokenizer_from)
+    weights = {f"bert.{key}": tensor.contiguous() for key, tensor in encoder.state_dict().items()}
+    weights["linear.weight"] = torch.randn(8, 32, generator=torch.Generator().manual_seed(19)) * 0.3
+    save_file(weights, str(dest / "model.safetensors"))
+    settings = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**settings, "architectures": ["HF_ColBERT"]}))
+    meta = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 10, "doc_maxlen": 20}
+    (dest / "artifact.metadata").write_text(
+        json.dumps({**meta, "attend_to_mask_tokens": False, "mask_punctuation": True})
+    )
+    return dest
+
+
 def build_m3(dest: Path, model_dir: Path) -> Path:
     """A bge-m3 folder as FlagEmbedding saves one: a tiny XLM-R encoder (CLS pooling, normalised)
     with sparse_linear.pt (32 -> 1) and colbert_linear.pt (32 -> 32) beside it, as torch pickles.

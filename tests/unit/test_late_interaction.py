@@ -23,16 +23,21 @@ from server.errors import APIError
 from server.inputs import RequestContext
 from server.services import ServedModel
 from server.tokenizer import TokenizerPool
-from tests.tiny_models import build_colbert
+from tests.tiny_models import build_colbert, build_stanford_colbert
 
 QUERIES = ["hello world", "what keeps the warm pool model loaded?", "naïve café 🙂", "the warm pool engine " * 8]
 DOCUMENTS = ["Hello, world!", "the warm pool keeps models loaded; engines restart.", "a", "the model text " * 20]
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["masks-unattended", "masks-attended"])
+@pytest.fixture(scope="module", params=["pylate", "pylate-masks-attended", "stanford"])
 def folder(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("colbert")
-    return build_colbert(root / "colbert", model_dir, attend_to_expansion_tokens=request.param)
+    if request.param == "stanford":
+        return build_stanford_colbert(root / "colbert", model_dir)
+    return build_colbert(root / "colbert", model_dir, attend_to_expansion_tokens=request.param.endswith("attended"))
+
+
+LENGTHS = {"pylate": (12, 24, 16), "stanford": (10, 20, 8)}  # query length, document length, dimensions
 
 
 def context(folder: Path) -> RequestContext:
@@ -54,27 +59,35 @@ def reference(folder: Path) -> Any:
     return MultiVectorEncoder(str(folder), device="cpu")
 
 
-def test_a_pylate_folder_is_a_native_multi_vector_model(folder: Path) -> None:
-    """PyLate's config makes the folder a multi-vector model of 16 dimensions per token, served
-    natively, whose documents take at most document_length tokens."""
+def lengths(folder: Path) -> tuple[int, int, int]:
+    return LENGTHS["stanford" if (folder / "artifact.metadata").is_file() else "pylate"]
+
+
+def test_a_colbert_folder_is_a_native_multi_vector_model(folder: Path) -> None:
+    """PyLate's config (or Stanford's artifact.metadata) makes the folder a multi-vector model of
+    its projection's dimensions per token, served natively, whose documents take at most
+    document_length tokens."""
     info = read_model_folder(folder)
-    assert (info.kind, info.dimensions, info.native, info.max_model_len) == ("multi-vector", 16, True, 24)
-    assert info.late is not None and info.late.query_length == 12
+    query, document, dims = lengths(folder)
+    assert (info.kind, info.dimensions, info.native, info.max_model_len) == ("multi-vector", dims, True, document)
+    assert info.late is not None and info.late.query_length == query
 
 
 @pytest.mark.parametrize("role", ["query", "document"])
 def test_token_vectors_match_the_multi_vector_encoder(folder: Path, role: late_interaction.Role) -> None:
-    """Each query's 12 vectors (masks included) and each document's vectors without punctuation
-    equal MultiVectorEncoder.encode_query / encode_document within 1e-5, texts cut at their length."""
+    """Each query's vectors (as many as its length, masks included) and each document's vectors
+    without punctuation equal MultiVectorEncoder.encode_query / encode_document within 1e-5, texts
+    cut at their length."""
     texts = QUERIES if role == "query" else DOCUMENTS
     got = encoded(folder, texts, role)
     model = reference(folder)
     expected = (model.encode_query if role == "query" else model.encode_document)(texts, convert_to_numpy=True)
     assert [g.shape for g in got] == [e.shape for e in expected]
+    query, document, _ = lengths(folder)
     if role == "query":
-        assert {g.shape[0] for g in got} == {12}
+        assert {g.shape[0] for g in got} == {query}
     else:
-        assert got[0].shape[0] == 5 and got[-1].shape[0] == 24  # [CLS] [D] hello world [SEP]; cut at 24
+        assert got[0].shape[0] == 5 and got[-1].shape[0] == document  # [CLS] [D] hello world [SEP]; cut
     for g, e in zip(got, expected, strict=True):
         np.testing.assert_allclose(g, e, atol=1e-5)
 
