@@ -28,25 +28,27 @@ from tests.server_process import ServerProcess
 
 
 class RawModel:
-    """sentence-transformers `encode` on the same sentences (SparseEncoder's for a SPLADE folder):
-    the baseline every ratio divides by."""
+    """sentence-transformers `encode` on the same sentences (SparseEncoder's for a SPLADE folder,
+    MultiVectorEncoder's encode_document for a ColBERT): the baseline every ratio divides by."""
 
     def __init__(self, texts: list[str], threads: int, model: Path = MODEL) -> None:
         import torch
-        from sentence_transformers import SentenceTransformer, SparseEncoder
+        from sentence_transformers import MultiVectorEncoder, SentenceTransformer, SparseEncoder
 
         from common.modelfolder import read_model_folder
 
         torch.set_num_threads(threads)
         self.texts = texts
-        reference = SparseEncoder if read_model_folder(model).kind == "sparse" else SentenceTransformer
-        self.model = reference(str(model), device="cpu")
-        self.model.encode(texts[:64], batch_size=32)
+        kind = read_model_folder(model).kind
+        references = {"sparse": SparseEncoder, "multi-vector": MultiVectorEncoder}
+        self.model = references.get(kind, SentenceTransformer)(str(model), device="cpu")
+        self.encode = self.model.encode_document if kind == "multi-vector" else self.model.encode
+        self.encode(texts[:64], batch_size=32)
 
     def throughput(self) -> float:
         """Sentences/s at batch 32."""
         started = time.perf_counter()
-        self.model.encode(self.texts, batch_size=32)
+        self.encode(self.texts, batch_size=32)
         return len(self.texts) / (time.perf_counter() - started)
 
     def single_latency(self) -> float:
@@ -54,7 +56,7 @@ class RawModel:
         singles = []
         for text in self.texts[:100]:
             started = time.perf_counter()
-            self.model.encode([text], batch_size=1)
+            self.encode([text], batch_size=1)
             singles.append((time.perf_counter() - started) * 1000)
         return statistics.median(singles)
 
@@ -85,9 +87,16 @@ class Window:
         )
 
 
-async def load(port: int, clients: int, seconds: float, texts: list[str], probe: str = "/health/live") -> Window:
-    """`clients` keep-alive clients, one single-string request at a time each, for `seconds`, while
-    `probe` is polled."""
+async def load(
+    port: int,
+    clients: int,
+    seconds: float,
+    texts: list[str],
+    route: str = "/v1/embeddings",
+    probe: str = "/health/live",
+) -> Window:
+    """`clients` keep-alive clients, one single-string request at a time each to `route`, for
+    `seconds`, while `probe` is polled."""
     window = Window()
     deadline = time.perf_counter() + seconds
 
@@ -96,7 +105,7 @@ async def load(port: int, clients: int, seconds: float, texts: list[str], probe:
         conn = Connection(port)
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
-            status, _, _ = await conn.post("/v1/embeddings", {"input": rng.choice(texts)})
+            status, _, _ = await conn.post(route, {"input": rng.choice(texts)})
             if status == 200:
                 window.latencies.append((time.perf_counter() - t0) * 1000)
             else:
@@ -120,16 +129,18 @@ class Level:
     stages: dict[str, float] = field(default_factory=dict)  # the server's mean ms per stage (STAGES)
 
 
-def run_level(port: int, raw: RawModel, clients: int, seconds: float, windows: int, texts: list[str]) -> Level:
+def run_level(
+    port: int, raw: RawModel, clients: int, seconds: float, windows: int, texts: list[str], route: str
+) -> Level:
     rates = [raw.throughput()]
     total, ratios = Window(), []
-    before = server_times(port)
+    before = server_times(port, route)
     for _ in range(windows):
-        window = run(load(port, clients, seconds / windows, texts))
+        window = run(load(port, clients, seconds / windows, texts, route))
         rates.append(raw.throughput())
         ratios.append(window.inputs_s / statistics.mean(rates[-2:]))
         total += window
-    after = server_times(port)
+    after = server_times(port, route)
     means = {
         name: (after[name][0] - before[name][0]) / max(after[name][1] - before[name][1], 1) * 1000 for name in after
     }
@@ -142,14 +153,14 @@ PEAKS = {"int8": ("int8",), "bfloat16": ("bfloat16",)}
 # The server's own histograms: where a request's time goes inside it (milliseconds, means per level):
 # metric, and a label every counted line must carry
 STAGES = {
-    "handler": ("warmpool_request_duration_seconds", 'route="/v1/embeddings",status="200"'),
+    "handler": ("warmpool_request_duration_seconds", 'route="{route}",status="200"'),
     "tokenize": ("warmpool_tokenization_time_seconds", ""),
     "queue": ("warmpool_queue_time_seconds", ""),
     "forward": ("warmpool_inference_time_seconds", ""),
 }
 
 
-def server_times(port: int) -> dict[str, tuple[float, float]]:
+def server_times(port: int, route: str) -> dict[str, tuple[float, float]]:
     """Each stage's (sum of seconds, count) so far, from /metrics, over all its label sets."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.request("GET", "/metrics")
@@ -159,7 +170,8 @@ def server_times(port: int) -> dict[str, tuple[float, float]]:
     def total(metric: str, label: str, part: str) -> float:
         return sum(float(v) for k, v in lines if k.split("{")[0] == f"{metric}_{part}" and label in k)
 
-    return {name: (total(m, label, "sum"), total(m, label, "count")) for name, (m, label) in STAGES.items()}
+    stages = {name: (m, label.format(route=route)) for name, (m, label) in STAGES.items()}
+    return {name: (total(m, label, "sum"), total(m, label, "count")) for name, (m, label) in stages.items()}
 
 
 def main() -> None:
@@ -176,6 +188,7 @@ def main() -> None:
     threads = os.cpu_count() or 1
     peaks = {name: peak_gflops(name) for name in ("float32", *PEAKS.get(args.dtype or "", ()))}
     raw = RawModel(texts[: args.raw_texts], threads, args.model)
+    route = "/pooling" if raw.encode != raw.model.encode else "/v1/embeddings"  # a ColBERT's document vectors
     levels: list[Level] = []
     single: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,7 +201,7 @@ def main() -> None:
             for clients in (int(c) for c in args.clients.split(",")):
                 if clients == 1:
                     single.append(raw.single_latency())
-                levels.append(run_level(server.port, raw, clients, args.seconds, args.windows, texts))
+                levels.append(run_level(server.port, raw, clients, args.seconds, args.windows, texts, route))
                 if clients == 1:
                     single.append(raw.single_latency())
         finally:

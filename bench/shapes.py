@@ -1,7 +1,8 @@
 """Random-weight sentence-transformers folders shaped like models people deploy, for benchmarks
 (never committed: generated into a temp dir). Each uses the embedded model's WordPiece tokenizer, so
 every family sees the same tokens and only the architecture's cost differs.
-Usage: .venv/bin/python -m bench.shapes DEST [bert-base xlm-roberta-base qwen3-0.6b splade-bert-base]
+Usage: .venv/bin/python -m bench.shapes DEST [bert-base xlm-roberta-base qwen3-0.6b splade-bert-base
+         colbert-bert-base m3-xlm-roberta-base]
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, 
 SHAPES: dict[str, tuple[str, dict[str, Any], str]] = {
     "bert-base": ("Bert", BASE, "mean"),
     "splade-bert-base": ("Bert", BASE, "splade"),  # BertForMaskedLM under SpladePooling (max)
+    "colbert-bert-base": ("Bert", BASE, "colbert"),  # PyLate's layout: a 768 -> 128 token projection
     "xlm-roberta-base": ("XLMRoberta", {**BASE, "type_vocab_size": 1, "max_position_embeddings": 514}, "cls"),
+    # bge-m3's layout (FlagEmbedding's sparse_linear.pt and colbert_linear.pt beside it), base-sized
+    "m3-xlm-roberta-base": ("XLMRoberta", {**BASE, "type_vocab_size": 1, "max_position_embeddings": 514}, "m3"),
     "qwen3-0.6b": (
         "Qwen3",
         {
@@ -58,13 +62,31 @@ def build(dest: Path, shape: str) -> Path:
     encoder = save_with_tokenizer(model, dest / f"{shape}-hf", MODEL)
     if pooling == "splade":
         return _splade(encoder, dest / shape)
+    if pooling == "colbert":
+        return _colbert(encoder, dest / shape)
     transformer = Transformer(str(encoder), max_seq_length=256)
     width = transformer.get_embedding_dimension()
     folder = dest / shape
-    SentenceTransformer(modules=[transformer, Pooling(width, pooling_mode=pooling), Normalize()], device="cpu").save(
+    mode = "cls" if pooling == "m3" else pooling
+    SentenceTransformer(modules=[transformer, Pooling(width, pooling_mode=mode), Normalize()], device="cpu").save(
         str(folder)
     )
+    if pooling == "m3":
+        torch.save({"weight": torch.randn(1, width) * 0.02, "bias": torch.zeros(1)}, folder / "sparse_linear.pt")
+        torch.save(
+            {"weight": torch.randn(width, width) * 0.02, "bias": torch.zeros(width)}, folder / "colbert_linear.pt"
+        )
     return folder
+
+
+def _colbert(encoder: Path, folder: Path) -> Path:
+    """PyLate's folder layout around `encoder` (as tests.tiny_models.build_colbert writes it)."""
+    import shutil
+
+    from tests.tiny_models import write_pylate_files
+
+    shutil.copytree(encoder, folder)
+    return write_pylate_files(folder, hidden=768, dims=128, query_length=32, document_length=256)
 
 
 def _splade(encoder: Path, folder: Path) -> Path:

@@ -70,15 +70,25 @@ def build_colbert(dest: Path, tokenizer_from: Path, **late: Any) -> Path:
     (1_Dense, no bias), and PyLate's switches in config_sentence_transformers.json (`late`
     overrides them). Written by hand: PyLate pins an older sentence-transformers than the one
     here, whose MultiVectorEncoder loads PyLate's folders and is the reference."""
-    import json
-
     import torch
     import transformers
-    from safetensors.torch import save_file
 
     torch.manual_seed(13)
     config = transformers.BertConfig(**{"vocab_size": 30522, "intermediate_size": 64, **SMALL})
     save_with_tokenizer(jitter(transformers.BertModel(config), 13), dest, tokenizer_from)
+    return write_pylate_files(dest, hidden=32, dims=16, query_length=12, document_length=24, **late)
+
+
+def write_pylate_files(
+    dest: Path, hidden: int, dims: int, query_length: int, document_length: int, **late: Any
+) -> Path:
+    """PyLate's files beside the encoder in `dest`: modules.json (Transformer, Dense), the random
+    hidden -> dims projection in 1_Dense, and its switches in config_sentence_transformers.json."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
@@ -90,25 +100,23 @@ def build_colbert(dest: Path, tokenizer_from: Path, **late: Any) -> Path:
         "similarity_fn_name": "MaxSim",
         "query_prefix": "[unused0]",
         "document_prefix": "[unused1]",
-        "query_length": 12,
-        "document_length": 24,
+        "query_length": query_length,
+        "document_length": document_length,
         "attend_to_expansion_tokens": False,
         "skiplist_words": list(string.punctuation),
         "do_query_expansion": True,
         **late,
     }
     (dest / "modules.json").write_text(json.dumps(modules))
-    (dest / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 23, "do_lower_case": False}))
+    sentence_bert = {"max_seq_length": document_length - 1, "do_lower_case": False}
+    (dest / "sentence_bert_config.json").write_text(json.dumps(sentence_bert))
     (dest / "config_sentence_transformers.json").write_text(json.dumps(settings))
     (dest / "1_Dense").mkdir()
-    dense = {
-        "in_features": 32,
-        "out_features": 16,
-        "bias": False,
-        "activation_function": "torch.nn.modules.linear.Identity",
-    }
-    (dest / "1_Dense" / "config.json").write_text(json.dumps({**dense, "use_residual": False}))
-    weight = torch.randn(16, 32, generator=torch.Generator().manual_seed(13)) * 0.3
+    dense = {"in_features": hidden, "out_features": dims, "bias": False}
+    (dest / "1_Dense" / "config.json").write_text(
+        json.dumps({**dense, "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False})
+    )
+    weight = torch.randn(dims, hidden, generator=torch.Generator().manual_seed(13)) * (0.3 if hidden < 100 else 0.03)
     save_file({"linear.weight": weight}, str(dest / "1_Dense" / "model.safetensors"))
     return dest
 
