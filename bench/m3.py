@@ -46,8 +46,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
-    import torch
-
     from common.modelfolder import read_model_folder
     from engine.model import PoolingModel
     from server.tokenizer import TokenizerPool
@@ -58,8 +56,6 @@ def main() -> None:
     tokens = TokenizerPool(args.folder).encode_batch(texts, truncate=info.max_model_len)
     marked = [t._replace(outputs=ALL) for t in tokens]
     report("engine", *paired(lambda: model.forward(tokens), lambda: model.forward_outputs(marked), args.rounds))
-    del model
-    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(args.folder, Path(tmp) / "m3.log", log_level="warning", allow_bin_weights="on")
         server.wait_ready(600)
