@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import string
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,18 @@ class LateInteraction:
     expansion: bool = True  # pad queries with the mask token (query augmentation)
     attend_expansion: bool = False  # the other tokens attend to the padding masks too
     skiplist: tuple[str, ...] = tuple(string.punctuation)  # tokens a document's vectors leave out
+    # sentence-transformers' own MultiVectorEncoder saves: the roles' prompts (text put before the
+    # input, as prompts are), the most tokens a query keeps where longer ones are not cut to its
+    # width (query expansion "min"), and whether queries leave the skiplist's tokens out too
+    query_prompt: str = ""
+    document_prompt: str = ""
+    query_cap: int | None = None
+    skip_queries: bool = False
+
+    @property
+    def query_tokens(self) -> int:
+        """The most tokens a query keeps."""
+        return self.query_length if self.query_cap is None else max(self.query_cap, self.query_length)
 
 
 def is_pylate(st_config: dict[str, Any]) -> bool:
@@ -110,3 +122,39 @@ def _tensor_shape(path: Path, name: str) -> tuple[int, int]:
         return int(rows), int(cols)
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
         raise LateInteractionError(f"no 2-D '{name}' in {path}: a Stanford ColBERT keeps its projection there") from exc
+
+
+def read_multi_vector_encoder(
+    st_config: dict[str, Any], transformer: dict[str, Any], mask: dict[str, Any], max_len: int, folder: Path
+) -> LateInteraction:
+    """A MultiVectorEncoder save: its `query` and `document` prompts, the Transformer's document
+    length and query expansion, and its MultiVectorMask's skiplist (`mask`, {} without one)."""
+    prompts = st_config.get("prompts") or {}
+    expansion = transformer.get("query_expansion")
+    if expansion is not None and (not isinstance(expansion, dict) or expansion.get("strategy") not in ("fixed", "min")):
+        raise LateInteractionError(f"query_expansion {expansion!r} in {folder} is not supported")
+    if expansion is not None and expansion.get("token") is not None:
+        raise LateInteractionError(
+            f"query_expansion with its own token in {folder} is not supported (the mask token is)"
+        )
+    query_cap = transformer.get("query_length") or max_len
+    tasks = mask.get("skiplist_tasks") or ["document"]
+    found = read_late_interaction(
+        {
+            "query_prefix": "",
+            "document_prefix": "",
+            "query_length": (expansion or {}).get("length") or query_cap,
+            "document_length": transformer.get("document_length") or max_len,
+            "do_query_expansion": expansion is not None,
+            "attend_to_expansion_tokens": bool((expansion or {}).get("attend")),
+            "skiplist_words": mask.get("skiplist_words") or [],
+        },
+        folder,
+    )
+    return replace(
+        found,
+        query_prompt=str(prompts.get("query") or ""),
+        document_prompt=str(prompts.get("document") or ""),
+        query_cap=query_cap if (expansion or {}).get("strategy") == "min" else None,
+        skip_queries="query" in tasks,
+    )

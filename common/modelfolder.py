@@ -13,6 +13,7 @@ from common.late_interaction import (
     LateInteractionError,
     is_pylate,
     read_late_interaction,
+    read_multi_vector_encoder,
     read_stanford,
 )
 from common.m3 import M3Heads, read_m3
@@ -287,6 +288,16 @@ def _late_interaction(path: Path, architecture: str) -> tuple[LateInteraction | 
             late, (out, fan_in) = read_stanford(path)
             return late, (DenseLayer(path, fan_in, out, bias=False, activation="Identity"),)
         st = _read_json(path / "config_sentence_transformers.json")
+        if st.get("model_type") == "MultiVectorEncoder":
+            modules = _read_json(path / "modules.json", list_key="modules").get("modules", [])
+            mask = next((m for m in modules if str(m.get("type", "")).endswith("MultiVectorMask")), None)
+            return read_multi_vector_encoder(
+                st,
+                _read_json(path / "sentence_bert_config.json"),
+                {} if mask is None else _read_json(path / str(mask.get("path", "")) / "config.json"),
+                _max_len(path, _read_json(path / "config.json"), _read_json(path / "sentence_bert_config.json"), None),
+                path,
+            ), ()
         return (read_late_interaction(st, path) if is_pylate(st) else None), ()
     except LateInteractionError as exc:
         raise ModelError(str(exc)) from exc
@@ -315,6 +326,8 @@ def _modules(
             dense.append(_dense(folder, dense[-1].out_features if dense else hidden, tokens))
         elif kind.endswith("Normalize"):
             normalize = True
+        elif tokens and kind.endswith("MultiVectorMask"):
+            continue  # its skiplist is read with the folder's other switches (common.late_interaction)
         elif kind and not kind.endswith("Transformer"):
             raise ModelError(f"sentence-transformers module {kind} is not supported")
     if splade is not None and (pooled or dense or normalize):

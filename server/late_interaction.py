@@ -63,11 +63,12 @@ def tokenize(
     late, found = ctx.folder.late, markers(ctx)
     assert late is not None
     marker = found.query if role == "query" else found.document
-    limit = late.query_length if role == "query" else inputs.truncation_limit(truncate, ctx)
+    limit = late.query_tokens if role == "query" else inputs.truncation_limit(truncate, ctx)
     room = None if limit is None else limit - (marker is not None)
     given = [value] if isinstance(value, str) else value
     texts = bool(given) and all(isinstance(v, str) for v in given)
-    tokens = inputs.tokenize_inputs(value, ctx, room if texts else truncate, field, direction=direction)
+    prompt = late.query_prompt if role == "query" else late.document_prompt
+    tokens = inputs.tokenize_inputs(value, ctx, room if texts else truncate, field, prompt=prompt, direction=direction)
     marked = []
     for i, tok in enumerate(tokens):
         ids = tok.input_ids
@@ -85,8 +86,10 @@ def tokenize(
 
 
 def kept(vectors: np.ndarray, tokens: Tokens, role: Role, ctx: RequestContext) -> np.ndarray:
-    """The vectors the model scores: a query's all, a document's without its skiplist's tokens."""
-    if role == "query":
+    """The vectors the model scores: a query's all (unless the model skips in queries too), a
+    document's without its skiplist's tokens."""
+    late = ctx.folder.late
+    if role == "query" and not (late is not None and late.skip_queries):
         return vectors
     skip = markers(ctx).skip
     keep = [i for i, token in enumerate(tokens.input_ids) if token not in skip]

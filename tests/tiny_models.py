@@ -121,6 +121,18 @@ def write_pylate_files(
     return dest
 
 
+def build_multi_vector_encoder(dest: Path, tokenizer_from: Path) -> Path:
+    """build_colbert's model as sentence-transformers' MultiVectorEncoder saves it: the markers as
+    its `query` and `document` prompts, the lengths and query expansion in the Transformer's config,
+    a MultiVectorMask module with the skiplist."""
+    from sentence_transformers import MultiVectorEncoder
+
+    MultiVectorEncoder(str(build_colbert(dest.with_name(f"{dest.name}-pylate"), tokenizer_from)), device="cpu").save(
+        str(dest)
+    )
+    return dest
+
+
 def build_stanford_colbert(dest: Path, tokenizer_from: Path) -> Path:
     """A ColBERT folder as Stanford-NLP's colbert-ir saves one: config architectures HF_ColBERT, the
     encoder's weights under `bert.` with the projection beside them as `linear.weight` in one

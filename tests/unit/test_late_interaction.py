@@ -23,17 +23,19 @@ from server.errors import APIError
 from server.inputs import RequestContext
 from server.services import ServedModel
 from server.tokenizer import TokenizerPool
-from tests.tiny_models import build_colbert, build_stanford_colbert
+from tests.tiny_models import build_colbert, build_multi_vector_encoder, build_stanford_colbert
 
 QUERIES = ["hello world", "what keeps the warm pool model loaded?", "naïve café 🙂", "the warm pool engine " * 8]
 DOCUMENTS = ["Hello, world!", "the warm pool keeps models loaded; engines restart.", "a", "the model text " * 20]
 
 
-@pytest.fixture(scope="module", params=["pylate", "pylate-masks-attended", "stanford"])
+@pytest.fixture(scope="module", params=["pylate", "pylate-masks-attended", "stanford", "multi-vector-encoder"])
 def folder(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("colbert")
     if request.param == "stanford":
         return build_stanford_colbert(root / "colbert", model_dir)
+    if request.param == "multi-vector-encoder":
+        return build_multi_vector_encoder(root / "colbert", model_dir)
     return build_colbert(root / "colbert", model_dir, attend_to_expansion_tokens=request.param.endswith("attended"))
 
 
