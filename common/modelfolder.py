@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +18,7 @@ from common.late_interaction import (
 )
 from common.m3 import M3Heads, read_m3
 from common.native import Kind, native_model
-from common.splade import Splade, read_splade
+from common.splade import Routed, Splade, SpladeError, read_router, read_splade
 
 PoolingMode = Literal["mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len_tokens"]
 
@@ -76,6 +76,9 @@ class ModelFolder:
     splade: Splade | None = None  # a sparse model's SPLADE pooling over its masked-LM logits
     late: LateInteraction | None = None  # a multi-vector (ColBERT) model's query and document encoding
     m3: M3Heads | None = None  # bge-m3's lexical and ColBERT heads beside a native encoder (common.m3)
+    # an inference-free sparse model's query weights (a Router's SparseStaticEmbedding): a query is
+    # the weights of its tokens, no forward; `path` is then the Router's document encoder
+    idf: Path | None = None
 
     @property
     def dimensions(self) -> int:
@@ -126,6 +129,16 @@ def read_model_folder(path: Path) -> ModelFolder:
 def _read(path: Path) -> ModelFolder:
     if not path.is_dir():
         raise ModelError(f"model folder not found: {path}")
+    routed = _router(path, _read_json(path / "modules.json", list_key="modules").get("modules", []))
+    if routed is not None:  # the Router's document encoder is the model; the root has no config.json
+        encoder = _read(routed.encoder)
+        pooled = read_splade(_read_json(routed.pooling / "config.json"), routed.pooling)
+        if not encoder.architecture.endswith("ForMaskedLM"):
+            raise ModelError(
+                f"{path}: SPLADE pools a masked-LM head's logits, the Router's encoder is {encoder.architecture}"
+            )
+        native = native_model(encoder.config, "sparse", safetensors_weights(encoder.path))
+        return replace(encoder, kind="sparse", splade=pooled, native=native, idf=routed.idf)
     config = _read_json(path / "config.json")
     if not config:
         raise ModelError(f"no config.json in model folder {path}")
@@ -211,11 +224,17 @@ def files_to_load(path: Path) -> list[Path]:
     """The files serving this folder reads, in the order they are read: the config files and the
     sentence-transformers modules' configs (HTTP process, first), the tokenizer, then the weights
     (engine: the model's, then its modules', such as a Dense layer's). Nothing else: no ONNX
-    exports, no second copy of the weights, no README."""
+    exports, no second copy of the weights, no README. A Router folder's: its document encoder's,
+    then the query side's weights."""
     try:
         modules = _read_json(path / "modules.json", list_key="modules").get("modules", [])
+        routed = _router(path, modules)
     except ModelError:
-        modules = []
+        modules, routed = [], None
+    if routed is not None:
+        configs = [path / n for n in ("modules.json", "router_config.json", routed.pooling / "config.json")]
+        idf = [] if routed.idf is None else [routed.idf]
+        return [f for f in configs if f.is_file()] + files_to_load(routed.encoder) + idf
     module_configs = [
         path / str(m.get("path", "")) / "config.json" for m in modules if isinstance(m, dict) and m.get("path")
     ]
@@ -278,6 +297,13 @@ def _score_tokens(path: Path, architecture: str) -> tuple[int, int]:
             "model add modules.json (Transformer, Pooling, Normalize) as Qwen3-Embedding has"
         )
     return ids
+
+
+def _router(path: Path, modules: list[dict[str, Any]]) -> Routed | None:
+    try:
+        return read_router(path, modules, _read_json)
+    except SpladeError as exc:
+        raise ModelError(str(exc)) from exc
 
 
 def _late_interaction(path: Path, architecture: str) -> tuple[LateInteraction | None, tuple[DenseLayer, ...]]:

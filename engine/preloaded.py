@@ -76,6 +76,7 @@ def build_all(entries: list[tuple[str, str]]) -> None:
             started = time.monotonic()
             try:
                 info = read_model_folder(Path(folder))
+                folder = str(info.path)  # a Router folder's model is its document encoder: looked up by it
                 model = build(info, place("cpu", precision, [])) if info.native else None
                 BUILT[(folder, precision)] = Built(model, time.monotonic() - started)
             except Exception as exc:  # kept for the engine, which loads the model itself and reports it

@@ -40,7 +40,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -
     try:
         info = read_model_folder(spec.model_path)
         refuse_pickles(info, spec.allow_bin_weights)
-        placement = place(spec.device, spec.dtype, weight_files(spec.model_path))
+        placement = place(spec.device, spec.dtype, weight_files(info.path))  # a Router's: its encoder's
         model = PoolingModel(info, spec.threads, placement, spec.allow_bin_weights)
         share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
         loaded = time.monotonic()

@@ -236,7 +236,7 @@ class LifecycleServer(uvicorn.Server):
 def _load_model_side(path: Path) -> tuple[ModelFolder, TokenizerPool]:
     """What the HTTP process needs of the model: its config and its tokenizer (no weights)."""
     folder = read_model_folder(path)
-    return folder, TokenizerPool(path, folder.pair_template, folder.late)
+    return folder, TokenizerPool(folder.path, folder.pair_template, folder.late)  # a Router's: its encoder's
 
 
 def _in_thread(fn: Callable[[], None], name: str) -> Future[None]:

@@ -16,7 +16,7 @@ from server.inputs import RequestContext
 from server.protocol import SparseOptions
 
 
-def asked(names: Sequence[str] | None, ctx: RequestContext) -> tuple[str, ...] | None:
+def asked(names: Sequence[str] | None, ctx: RequestContext, field: str = "outputs") -> tuple[str, ...] | None:
     """The outputs a request names, in a fixed order; None where it asks for the dense vector
     alone (the usual path). A model without bge-m3's heads, or whose heads are pickles the
     server may not load, is a 400 for any other output."""
@@ -25,13 +25,13 @@ def asked(names: Sequence[str] | None, ctx: RequestContext) -> tuple[str, ...] |
     m3 = ctx.folder.m3
     if m3 is None:
         raise inputs.bad_request(
-            "'outputs' other than dense need a bge-m3 model (sparse_linear, colbert_linear)", "outputs"
+            "'outputs' other than dense need a bge-m3 model (sparse_linear, colbert_linear)", field
         )
     if m3.pickled and ctx.settings.allow_bin_weights != "on":
         raise inputs.bad_request(
             f"this model's heads ({m3.sparse.name}, {m3.colbert.name}) are torch pickles, not loaded by default: "
             "set WARMPOOL_ALLOW_BIN_WEIGHTS=on, or convert them to safetensors",
-            "outputs",
+            field,
         )
     return tuple(name for name in ("dense", "sparse", "multi_vector") if name in names)
 

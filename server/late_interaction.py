@@ -57,13 +57,17 @@ def tokenize(
     truncate: int | None,
     field: str = "input",
     direction: Direction = "right",
+    vectors: bool = True,
 ) -> list[Tokens]:
     """Each input as the model encodes it in `role`, marked for per-token vectors. Token ids are
-    taken as given; a text's marker counts toward its length (queries are always cut to theirs)."""
+    taken as given; a text's marker counts toward its length (queries are always cut to theirs).
+    With `vectors` the answer holds the token vectors: their size is checked against the budget."""
     late, found = ctx.folder.late, markers(ctx)
     assert late is not None
     marker = found.query if role == "query" else found.document
-    limit = late.query_tokens if role == "query" else inputs.truncation_limit(truncate, ctx)
+    limit = (
+        min(late.query_tokens, ctx.folder.max_model_len) if role == "query" else inputs.truncation_limit(truncate, ctx)
+    )
     room = None if limit is None else limit - (marker is not None)
     given = [value] if isinstance(value, str) else value
     texts = bool(given) and all(isinstance(v, str) for v in given)
@@ -81,7 +85,9 @@ def tokenize(
         inputs.check_length(len(ids), ctx.folder, f"{field}[{i}]" if len(tokens) > 1 else field)
         types = None if tok.token_type_ids is None else [0] * len(ids)
         marked.append(Tokens(ids, types, per_token=True, priority=tok.priority, keys=keys))
-    ctx.budget_response(sum(len(t.input_ids) for t in marked) * ctx.folder.dimensions * outputs.JSON_FLOAT_BYTES, field)
+    if vectors:
+        size = sum(len(t.input_ids) for t in marked) * ctx.folder.dimensions * outputs.JSON_FLOAT_BYTES
+        ctx.budget_response(size, field)
     return marked
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import numpy as np
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
@@ -229,9 +230,13 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
             prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
             timings.submitted = time.perf_counter()
             timings.tokenization_ms = (timings.submitted - arrived) * 1000
-            outcome = await run_on_engine(
-                svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx), deadline
-            )
+            if prepared.tokens:
+                outcome = await run_on_engine(
+                    svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx), deadline
+                )
+            else:  # answered without the engine (an inference-free sparse model's queries)
+                outcome = Outcome(np.empty((0, 0), dtype=np.float32), 0.0, 0.0)
+                outcome.rendered = await svc.off_loop(render, prepared, outcome, ctx)
     finally:
         gone.cancel()
     timings.answered = time.perf_counter()

@@ -3,6 +3,7 @@ family it has, one of which needs a transformers module newer releases dropped; 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 import types
@@ -12,6 +13,7 @@ from typing import Any
 _SHELLS = ("FlagEmbedding", "FlagEmbedding.inference", "FlagEmbedding.inference.embedder")
 
 
+@functools.cache  # once: the shells below have no import spec for a second find_spec
 def m3_embedder() -> Any:
     """FlagEmbedding's M3Embedder (BGEM3FlagModel) class."""
     spec = importlib.util.find_spec("FlagEmbedding")

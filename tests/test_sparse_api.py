@@ -121,3 +121,39 @@ def test_a_dense_model_refuses_sparse_requests_clearly(server: ServerProcess) ->
     assert r.status_code == 400 and "sparse" in r.json()["error"] and r.json()["error_type"] == "validation"
     r = server.post("/v1/embeddings", json={"input": "hello", "top_k": 3})
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_k"
+
+
+def test_an_inference_free_model_encodes_queries_without_the_engine(model_dir: Path, tmp_path: Path) -> None:
+    """An inference-free Router folder served: documents by the model, queries (prompt_name query)
+    by their tokens' weights with no engine batch; /rerank is the dot product of the two, as
+    SparseEncoder.similarity of encode_query and encode_document."""
+    from sentence_transformers import SparseEncoder
+
+    from tests.tiny_models import build_inference_free
+
+    folder = build_inference_free(tmp_path / "inference-free", model_dir)
+    reference = SparseEncoder(str(folder), device="cpu")
+    query, documents = TEXTS[0], TEXTS[1:]
+    with serving(folder, tmp_path / "free.log") as server:
+
+        def batches() -> float:
+            lines = server.get("/metrics").text.splitlines()
+            return sum(float(line.split()[-1]) for line in lines if line.startswith("warmpool_batch_size_count"))
+
+        r = server.post("/embed_sparse", json={"inputs": documents})
+        got = dense([([e["index"] for e in row], [e["value"] for e in row]) for row in r.json()], 30522)
+        expected = reference.encode_document(documents, convert_to_tensor=True).to_dense().numpy()
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+        before = batches()
+        r = server.post("/v1/embeddings", json={"input": [query], "prompt_name": "query"})
+        assert r.status_code == 200, r.text
+        assert batches() == before  # no forward for a query
+        item = r.json()["data"][0]["embedding"]
+        expected = reference.encode_query([query], convert_to_tensor=True).to_dense().numpy()
+        np.testing.assert_allclose(dense([(item["indices"], item["values"])], 30522), expected, atol=1e-5, rtol=0)
+        r = server.post("/rerank", json={"query": query, "documents": documents})
+        scores = reference.similarity(reference.encode_query([query]), reference.encode_document(documents))
+        by_index = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        np.testing.assert_allclose(
+            [by_index[i] for i in range(len(documents))], scores.to_dense().numpy()[0], rtol=1e-5
+        )

@@ -176,6 +176,24 @@ def build_m3(dest: Path, model_dir: Path) -> Path:
     return dest
 
 
+def build_inference_free(dest: Path, tokenizer_from: Path) -> Path:
+    """An inference-free SparseEncoder (OpenSearch's layout): a Router whose document route is
+    build_splade's masked LM under SpladePooling and whose query route is a SparseStaticEmbedding
+    of random per-token weights."""
+    import torch
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Router
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SparseStaticEmbedding, SpladePooling
+
+    build_splade(dest.with_name(f"{dest.name}-splade"), tokenizer_from)
+    mlm = MLMTransformer(str(dest.with_name(f"{dest.name}-splade-hf")), max_seq_length=MAX_TOKENS)
+    idf = torch.rand(mlm.tokenizer.vocab_size, generator=torch.Generator().manual_seed(23)) * 3
+    static = SparseStaticEmbedding(mlm.tokenizer, weight=idf, frozen=True)
+    router = Router.for_query_document(query_modules=[static], document_modules=[mlm, SpladePooling("max")])
+    SparseEncoder(modules=[router], device="cpu").save(str(dest))
+    return dest
+
+
 def save_with_tokenizer(model: Any, dest: Path, tokenizer_from: Path) -> Path:
     """A model folder as a hub download looks: weights, config and the embedded model's tokenizer."""
     model.eval().save_pretrained(dest)

@@ -39,9 +39,8 @@ def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[CohereEmbedReques
     truncate = None
     if body.truncate != "NONE":
         truncate = -1 if body.max_tokens is None else min(body.max_tokens, ctx.folder.max_model_len)
-    chunk = body.long_inputs == "chunk" or (
-        body.long_inputs is None and "truncate" not in body.model_fields_set and ctx.settings.long_inputs == "chunk"
-    )
+    unset = body.long_inputs is None and not {"truncate", "max_tokens"} & body.model_fields_set
+    chunk = body.max_tokens is None and (body.long_inputs == "chunk" or (unset and ctx.settings.long_inputs == "chunk"))
     tokens, windows = chunking.tokenize(
         body.texts,
         ctx,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import chunking, hybrid, inputs, late_chunking, late_interaction, outputs
+from server import chunking, hybrid, inputs, late_chunking, late_interaction, outputs, static_sparse
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
@@ -33,7 +33,9 @@ def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[EmbeddingReq
         raise inputs.bad_request(
             "a sparse (SPLADE) model answers {indices, values}: 'dimensions' and base64 do not apply", "encoding_format"
         )
-    prompt = prompt_text(ctx.folder, body.prompt_name)
+    if static_sparse.static_queries(ctx, body.prompt_name):
+        return Prepared(body, [], static_sparse.rows(body.input, ctx, "input"))
+    prompt = "" if ctx.folder.idf is not None else prompt_text(ctx.folder, body.prompt_name)  # a role, not a prompt
     if body.late_chunking:
         if body.truncate_prompt_tokens is not None or body.outputs is not None or body.long_inputs is not None:
             raise inputs.bad_request(
@@ -44,6 +46,8 @@ def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[EmbeddingReq
         tokens, late = late_chunking.tokenize(body.input, ctx, prompt)
         return Prepared(body, tokens, late)
     wanted = hybrid.asked(body.outputs, ctx)
+    if ctx.folder.m3 is not None and "sparse" not in (wanted or ()) and (body.top_k, body.threshold) != (None, None):
+        raise inputs.bad_request("'top_k' and 'threshold' prune the sparse output: ask for it in 'outputs'", "top_k")
     if wanted is not None and (body.dimensions is not None or body.encoding_format != "float"):
         raise inputs.bad_request("'dimensions' and base64 apply to the dense vector alone, not to 'outputs'", "outputs")
     tokens, windows = chunking.tokenize(body.input, ctx, body.truncate_prompt_tokens, body.long_inputs, prompt=prompt)
@@ -55,13 +59,15 @@ def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[EmbeddingReq
 
 def render_embeddings(prep: Prepared[EmbeddingRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
     body = prep.body
-    if prep.tokens[0].outputs:  # bge-m3's outputs, of each input or (chunked) each window
+    if prep.tokens and prep.tokens[0].outputs:  # bge-m3's outputs, of each input or (chunked) each window
         data = [
             {"object": "embedding", "index": i, **item}
             for i, item in enumerate(hybrid.items(outcome.vectors, prep, ctx))
         ]
         return outputs.to_json(envelope("embd", ctx, data=data, usage=prep.usage()))
-    if isinstance(prep.extra, late_chunking.LateChunks):
+    if isinstance(prep.extra, static_sparse.Static):
+        pooled = prep.extra.rows
+    elif isinstance(prep.extra, late_chunking.LateChunks):
         pooled = late_chunking.pooled(outcome.vectors, prep.extra, normalize=False)
     else:
         pooled = chunking.combine(outcome.vectors, prep.extra, sparse=ctx.folder.kind == "sparse")
@@ -84,10 +90,16 @@ def prepare_pooling(raw: bytes, ctx: RequestContext) -> Prepared[PoolingRequest]
     body = inputs.parse(PoolingRequest, raw)
     ctx.select_model(body.model)
     if ctx.folder.kind == "multi-vector":  # vLLM's token_embed: every token's vector
+        if body.outputs is not None:
+            raise inputs.bad_request(
+                "'outputs' selects a bge-m3 model's outputs; this one answers token vectors", "outputs"
+            )
         role = late_interaction.role_of(ctx, body.prompt_name, body.input_type)
         return Prepared(body, late_interaction.tokenize(body.input, ctx, role, body.truncate_prompt_tokens), role)
     prompt = prompt_text(ctx.folder, body.prompt_name)
     wanted = hybrid.asked(body.outputs, ctx)
+    if wanted is not None and body.encoding_format != "float":
+        raise inputs.bad_request("base64 applies to a single vector per input, not to 'outputs'", "encoding_format")
     tokens = inputs.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens, prompt=prompt)
     return Prepared(body, tokens if wanted is None else hybrid.marked(tokens, wanted, ctx, "input"))
 
@@ -96,7 +108,7 @@ def render_pooling(prep: Prepared[PoolingRequest], outcome: Outcome, ctx: Reques
     """The engine's output as is: pooled hidden states (before Normalize) or classifier logits; a
     multi-vector model's token vectors (those it scores), a list per input."""
     fmt = prep.body.encoding_format
-    if prep.tokens[0].outputs:
+    if prep.tokens and prep.tokens[0].outputs:
         data = [
             {"object": "pooling", "index": i, "data": item}
             for i, item in enumerate(hybrid.items(outcome.vectors, prep, ctx))

@@ -19,7 +19,7 @@ _CREATED = int(time.time())
 _CAPABILITIES = {
     "embedding": ["embed"],
     "sparse": ["embed"],
-    "multi-vector": ["embed", "rerank"],
+    "multi-vector": ["rerank"],  # its token vectors are on /pooling and /embed_all, not /embeddings
     "cross-encoder": ["rerank"],
     "classification": ["classify"],
 }

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from common.wire import Tokens
-from server import inputs, late_interaction, outputs
+from server import inputs, late_interaction, outputs, static_sparse
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
@@ -40,6 +40,7 @@ class Pairs:
     right: list[int]
     dot: bool = False  # a bi-encoder scored by the dot product (sparse models), not the cosine
     late: list[Tokens] | None = None  # a multi-vector model's token lists: scored by MaxSim
+    static: np.ndarray | None = None  # an inference-free sparse model's query rows: `left` indexes these
 
 
 def tokenize_pairs(
@@ -49,6 +50,7 @@ def tokenize_pairs(
     truncate: int | None,
     fields: tuple[str, str],
     direction: Direction = "right",
+    static_queries: bool = True,
 ) -> tuple[list[Tokens], Pairs]:
     """Token lists for the pairs: one per pair for a cross-encoder, one per unique text for a
     bi-encoder (one admission permit per list). Errors name the request's own `fields`.
@@ -57,6 +59,12 @@ def tokenize_pairs(
     tokenized again against each document."""
     if ctx.folder.kind == "multi-vector":
         return _late_pairs(lefts, rights, ctx, truncate, fields, direction)
+    if ctx.folder.idf is not None and static_queries:  # queries by their tokens' static weights, documents by the model
+        queries = list(dict.fromkeys(lefts))
+        static = static_sparse.rows(queries, ctx, fields[0]).rows
+        tokens, pairs = tokenize_pairs(rights, rights, ctx, truncate, (fields[1], fields[1]), direction, False)
+        at = {text: i for i, text in enumerate(queries)}
+        return tokens, Pairs(len(lefts), False, [at[t] for t in lefts], pairs.right, dot=True, static=static)
     cross = ctx.folder.kind == "cross-encoder"
     limit = inputs.truncation_limit(truncate, ctx, pair=cross)
     left_field, right_field = fields
@@ -104,8 +112,9 @@ def _late_pairs(
     right text once as a document (a text on both sides is encoded both ways)."""
     queries, documents = list(dict.fromkeys(lefts)), list(dict.fromkeys(rights))
     left_field, right_field = fields
-    tokens = late_interaction.tokenize(queries, ctx, "query", truncate, left_field, direction)
-    tokens += late_interaction.tokenize(documents, ctx, "document", truncate, right_field, direction)
+    ctx.admit(len(queries) + len(documents), right_field)  # every list the engine runs, both roles
+    tokens = late_interaction.tokenize(queries, ctx, "query", truncate, left_field, direction, vectors=False)
+    tokens += late_interaction.tokenize(documents, ctx, "document", truncate, right_field, direction, vectors=False)
     query_at = {text: i for i, text in enumerate(queries)}
     document_at = {text: len(queries) + i for i, text in enumerate(documents)}
     left, right = [query_at[t] for t in lefts], [document_at[t] for t in rights]
@@ -118,9 +127,12 @@ def pair_scores(vectors: np.ndarray, pairs: Pairs, ctx: RequestContext, raw: boo
     multi-vector models) of each pair's vectors."""
     if pairs.late is not None:
         late = pairs.late
+        queries = {a: late_interaction.kept(vectors[a], late[a], "query", ctx) for a in set(pairs.left)}
         documents = {b: late_interaction.kept(vectors[b], late[b], "document", ctx) for b in set(pairs.right)}
         pairs_at = zip(pairs.left, pairs.right, strict=True)
-        return np.array([late_interaction.maxsim(vectors[a], documents[b]) for a, b in pairs_at])
+        return np.array([late_interaction.maxsim(queries[a], documents[b]) for a, b in pairs_at])
+    if pairs.static is not None:
+        return (pairs.static[pairs.left].astype(np.float64) * vectors[pairs.right].astype(np.float64)).sum(axis=1)
     if pairs.cross:
         return outputs.scores(vectors, raw)[:, 0]
     unit = (vectors if pairs.dot else outputs.normalize(vectors)).astype(np.float64)

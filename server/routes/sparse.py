@@ -11,7 +11,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import chunking, hybrid, inputs, outputs
+from server import chunking, hybrid, inputs, outputs, static_sparse
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer
@@ -35,17 +35,20 @@ def prepare_embed_sparse(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedSp
     body = inputs.parse(TEIEmbedSparseRequest, raw)
     if ctx.folder.m3 is None:
         ctx.require("/embed_sparse", "sparse")
+    if static_sparse.static_queries(ctx, body.prompt_name):
+        return Prepared(body, [], static_sparse.rows(body.inputs, ctx, "inputs"))
+    prompt = "" if ctx.folder.idf is not None else prompt_text(ctx.folder, body.prompt_name)  # a role, not a prompt
     tokens, windows = chunking.tokenize(
         body.inputs,
         ctx,
         truncation(body),
         body.long_inputs,
         "inputs",
-        prompt=prompt_text(ctx.folder, body.prompt_name),
+        prompt=prompt,
         direction=body.truncation_direction,
     )
     if ctx.folder.m3 is not None:  # bge-m3: its lexical weights
-        wanted = hybrid.asked(["sparse"], ctx)
+        wanted = hybrid.asked(["sparse"], ctx, "inputs")
         assert wanted is not None
         return Prepared(body, hybrid.marked(tokens, wanted, ctx, "inputs"), windows)
     budget_rows(ctx, len(tokens), "inputs")
@@ -80,11 +83,13 @@ def check_sparse_options(options: SparseOptions, ctx: RequestContext) -> None:
 
 def render_embed_sparse(prep: Prepared[TEIEmbedSparseRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
     """TEI's shape."""
-    if prep.tokens[0].outputs:
+    if prep.tokens and prep.tokens[0].outputs:
         found = [item["sparse"] for item in hybrid.items(outcome.vectors, prep, ctx)]
         rows = [(f["indices"], f["values"]) for f in found]
     else:
-        rows = weights(chunking.combine(outcome.vectors, prep.extra, sparse=True), prep.body, ctx)
+        found_rows = prep.extra.rows if isinstance(prep.extra, static_sparse.Static) else outcome.vectors
+        windows = None if isinstance(prep.extra, static_sparse.Static) else prep.extra
+        rows = weights(chunking.combine(found_rows, windows, sparse=True), prep.body, ctx)
     return outputs.to_json(
         [[{"index": i, "value": v} for i, v in zip(indices, values, strict=True)] for indices, values in rows]
     )

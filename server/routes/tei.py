@@ -159,7 +159,8 @@ def prepare_similarity(raw: bytes, ctx: RequestContext) -> Prepared[SimilarityRe
     sentences = body.inputs.sentences
     if not sentences:
         raise inputs.bad_request("'inputs.sentences' must not be empty", "inputs.sentences")
-    prompt = prompt_text(ctx.folder, options.prompt_name)
+    # a multi-vector model's roles bring their own prompts (server/late_interaction.py)
+    prompt = "" if ctx.folder.kind == "multi-vector" else prompt_text(ctx.folder, options.prompt_name)
     tokens, pairs = score.tokenize_pairs(
         [prompt + body.inputs.source_sentence] * len(sentences),
         [prompt + s for s in sentences],

@@ -112,3 +112,40 @@ def test_a_role_outside_query_and_document_is_a_400(folder: Path) -> None:
     with pytest.raises(APIError) as refused:
         late_interaction.role_of(ctx, prompt_name="classification")
     assert refused.value.status == 400 and refused.value.param == "prompt_name"
+
+
+def test_scoring_takes_a_permit_per_list_and_no_response_budget(folder: Path) -> None:
+    """/score's token lists (each distinct query and document) each hold an admission permit, and
+    the per-token response budget, meant for answers of vectors, does not refuse a score."""
+    from server.admission import Admission
+    from server.routes import score
+
+    ctx = context(folder)
+    ctx.admission = Admission(64, 0.0)
+    ctx.settings = Settings(max_response_bytes=1024)
+    tokens, _ = score.tokenize_pairs(QUERIES[:2] * 2, DOCUMENTS * 1, ctx, -1, ("text_1", "text_2"))
+    assert len(tokens) == ctx.admitted == 2 + len(DOCUMENTS)
+    with pytest.raises(APIError) as refused:  # the same inputs' vectors would not fit
+        late_interaction.tokenize(DOCUMENTS, ctx, "document", truncate=-1)
+    assert "WARMPOOL_MAX_RESPONSE_BYTES" in refused.value.message
+
+
+def test_queries_leave_out_the_skiplist_where_the_model_says_so(model_dir: Path, tmp_path: Path) -> None:
+    """A MultiVectorEncoder whose MultiVectorMask skips in queries too scores by MaxSim without the
+    queries' punctuation vectors, as MultiVectorEncoder.similarity does."""
+    import json
+
+    from server.routes import score
+
+    folder = build_multi_vector_encoder(tmp_path / "colbert", model_dir)
+    mask = folder / "2_MultiVectorMask" / "config.json"
+    mask.write_text(json.dumps({**json.loads(mask.read_text()), "skiplist_tasks": ["query", "document"]}))
+    ctx = context(folder)
+    queries = ["what, exactly, keeps the pool warm?"]
+    tokens, pairs = score.tokenize_pairs(queries * len(DOCUMENTS), DOCUMENTS, ctx, -1, ("text_1", "text_2"))
+    got = score.pair_scores(
+        np.array(PoolingModel(ctx.folder, threads=1).forward_tokens(tokens), dtype=object), pairs, ctx
+    )
+    model = reference(folder)
+    expected = model.similarity(model.encode_query(queries), model.encode_document(DOCUMENTS)).numpy()[0]
+    np.testing.assert_allclose(got, expected, atol=1e-4)

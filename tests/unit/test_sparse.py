@@ -86,3 +86,35 @@ def test_splade_pooling_on_a_model_without_a_masked_lm_head_is_refused(
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["BertModel"]}))
     with pytest.raises(ModelError, match="masked-LM"):
         read_model_folder(folder)
+
+
+def test_an_inference_free_router_folder_serves_documents_by_the_model_and_queries_by_weights(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """A Router folder (documents: masked LM + SpladePooling; queries: SparseStaticEmbedding) is a
+    sparse model of its document encoder with the query side's weights: documents equal
+    encode_document, queries (each token's weight, no forward) encode_query, within 1e-5."""
+    from sentence_transformers import SparseEncoder
+
+    from server import static_sparse
+    from server.inputs import RequestContext
+    from server.services import ServedModel
+    from tests.tiny_models import build_inference_free
+
+    folder = build_inference_free(tmp_path / "inference-free", model_dir)
+    info = read_model_folder(folder)
+    assert info.kind == "sparse" and info.native and info.idf is not None and info.path != folder
+    reference = SparseEncoder(str(folder), device="cpu")
+    tokens = TokenizerPool(info.path).encode_batch(TEXTS, truncate=info.max_model_len)
+    documents = PoolingModel(info, threads=1).forward(tokens)
+    expected = reference.encode_document(TEXTS, convert_to_tensor=True).to_dense().numpy()
+    same_entries(documents, expected)
+    np.testing.assert_allclose(documents, expected, atol=1e-5, rtol=0)
+    from common.settings import Settings
+
+    served = ServedModel("free", info, TokenizerPool(info.path), engine=None)  # type: ignore[arg-type]
+    ctx = RequestContext(model=served, served={"free": served}, settings=Settings())
+    queries = static_sparse.rows(TEXTS[1:4], ctx, "input").rows
+    expected = reference.encode_query(TEXTS[1:4], convert_to_tensor=True).to_dense().numpy()
+    np.testing.assert_allclose(queries, expected, atol=1e-5, rtol=0)
+    assert (queries > 0).sum() > 5
