@@ -174,6 +174,14 @@ class Settings(BaseSettings):
     read_timeout: float = Field(
         30.0, gt=0, description="Seconds a client may take to send a request's headers, and again its body."
     )
+    hold_during_start: Literal["on", "off"] = Field(
+        "off",
+        description="on: a request that arrives while the appliance starts is held until every model has "
+        "started, then served (503 past WARMPOOL_LOAD_WAIT), instead of a 503 at once; probes are unchanged.",
+    )
+    load_wait: float = Field(
+        30.0, gt=0, description="Seconds a held request waits for its model (WARMPOOL_HOLD_DURING_START)."
+    )
 
     api_key: SecretStr | None = Field(None, description="Bearer token required on API routes.")
     api_key_file: Path | None = Field(None, description="File holding the API key (a mounted secret).")

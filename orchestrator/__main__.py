@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     startup.done("bind", host=settings.host, port=sock.getsockname()[1])
     if settings.port_file is not None:
         _write_port(settings.port_file, sock.getsockname()[1])
-    early = binding.EarlyResponder(sock, startup).start()
+    hold = settings.load_wait if settings.hold_during_start == "on" else None
+    early = binding.EarlyResponder(sock, startup, hold, settings.admission_permits).start()
     refusal = _refusal(settings)
     if refusal is not None:  # shown on /health/startup for fail_linger seconds, then exit 1
         startup.fail(*refusal)

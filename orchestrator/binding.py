@@ -11,6 +11,7 @@ import json
 import select
 import socket
 import threading
+import time
 from typing import Any
 
 from common.startup import StartupState
@@ -30,11 +31,18 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class EarlyResponder:
-    """Minimal HTTP/1.1 answers (Connection: close) until uvicorn takes the socket over."""
+    """Minimal HTTP/1.1 answers (Connection: close) until uvicorn takes the socket over. With
+    `hold_s` (WARMPOOL_HOLD_DURING_START), a POST is not answered but held, at most `hold_limit` of
+    them for at most `hold_s` each (then 503): once uvicorn has the socket, each held connection is
+    relayed to it, bytes both ways, and waits there for the model like any request."""
 
-    def __init__(self, sock: socket.socket, startup: StartupState) -> None:
+    def __init__(
+        self, sock: socket.socket, startup: StartupState, hold_s: float | None = None, hold_limit: int = 0
+    ) -> None:
         self.sock = sock
         self.startup = startup
+        self.hold_s, self.hold_limit = hold_s, hold_limit
+        self._held: list[tuple[socket.socket, bytes, float]] = []  # connection, bytes read, deadline
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="early-responder", daemon=True)
 
@@ -45,23 +53,49 @@ class EarlyResponder:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        host, port = self.sock.getsockname()[:2]
+        target = "::1" if self.sock.family == socket.AF_INET6 else "127.0.0.1"
+        if host not in ("0.0.0.0", "::"):
+            target = host
+        for conn, data, _ in self._held:
+            threading.Thread(target=_relay, args=(conn, data, (target, port)), name="early-relay", daemon=True).start()
+        self._held.clear()
 
     def _serve(self) -> None:
         while not self._stop.is_set():
             readable, _, _ = select.select([self.sock], [], [], 0.02)
+            self._expire()
             if not readable or self._stop.is_set():
                 continue
             try:
                 conn, _ = self.sock.accept()
             except OSError:
                 continue
-            with conn:
-                self._answer(conn)
+            self._take(conn)
 
-    def _answer(self, conn: socket.socket) -> None:
+    def _take(self, conn: socket.socket) -> None:
         conn.settimeout(1.0)
         try:
-            head = conn.recv(8192).split(b"\r\n", 1)[0].decode("latin-1")
+            data = conn.recv(8192)
+        except OSError:
+            conn.close()
+            return
+        if self.hold_s is not None and data.startswith(b"POST ") and len(self._held) < self.hold_limit:
+            self._held.append((conn, data, time.monotonic() + self.hold_s))
+            return
+        with conn:
+            self._answer(conn, data)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for entry in [e for e in self._held if e[2] <= now]:
+            self._held.remove(entry)
+            with entry[0] as conn:
+                self._answer(conn, entry[1])
+
+    def _answer(self, conn: socket.socket, data: bytes) -> None:
+        try:
+            head = data.split(b"\r\n", 1)[0].decode("latin-1")
             path = head.split(" ")[1] if head.count(" ") >= 2 else "/"
             status, body = self._route(path.split("?")[0])
             payload = json.dumps(body).encode()
@@ -88,3 +122,30 @@ class EarlyResponder:
             "phase": phase,
         }
         return 503, {"error": error}
+
+
+def _relay(client: socket.socket, data: bytes, target: tuple[str, int]) -> None:
+    """A held connection handed to uvicorn: what was read of it, then every byte both ways until
+    either side closes (uvicorn's own deadlines bound how long that is)."""
+    try:
+        upstream = socket.create_connection(target, timeout=10)
+    except OSError:
+        client.close()
+        return
+    with client, upstream:
+        client.settimeout(None)
+        upstream.settimeout(None)
+        try:
+            upstream.sendall(data)
+            ends = [client, upstream]
+            while True:
+                readable, _, _ = select.select(ends, [], [], 60)
+                if not readable:
+                    continue
+                for side in readable:
+                    chunk = side.recv(65536)
+                    if not chunk:
+                        return
+                    (upstream if side is client else client).sendall(chunk)
+        except OSError:
+            return

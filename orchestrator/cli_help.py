@@ -23,6 +23,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_windows",
         "request_timeout",
         "read_timeout",
+        "hold_during_start",
+        "load_wait",
     ),
     "engines": (
         "engines",

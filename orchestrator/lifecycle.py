@@ -138,6 +138,7 @@ class LifecycleServer(uvicorn.Server):
         """Every model boots at once, each on its own phases; each serves as soon as it is ready."""
         startup = self.services.startup
         booted = await asyncio.gather(*(self.boot_model(settings) for settings in self.models))
+        self.services.booted.set()  # held requests (WARMPOOL_HOLD_DURING_START) go on: served, or refused
         if len(self.models) > 1 and any(booted) and not startup.failed and not self._draining:
             startup.start("ready")
             startup.done("ready", models=[s.model_name for s, ok in zip(self.models, booted, strict=True) if ok])

@@ -91,7 +91,7 @@ class RequestContext:
             return
         if name not in self.served:
             if name in self.configured:
-                raise APIError(503, f"model '{name}' is starting", code="not_ready", headers={"Retry-After": "1"})
+                raise ModelStarting(name)
             served = ", ".join(f"'{n}'" for n in self.configured or self.served)
             raise APIError(
                 404,
@@ -161,6 +161,13 @@ class RequestContext:
         self.abandoned = True
         work.add_done_callback(lambda _: self.release())  # on the worker thread, as it finishes
         work.cancel()  # not started yet (a busy executor): it never will be, and releases now
+
+
+class ModelStarting(APIError):
+    """A request names a model still starting: 503, or held until it has started (pipeline.answer)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(503, f"model '{name}' is starting", code="not_ready", headers={"Retry-After": "1"})
 
 
 def overloaded() -> APIError:

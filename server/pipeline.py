@@ -26,7 +26,7 @@ from fastapi.responses import Response
 from common.wire import Tokens
 from server.engine_client import EngineFailed, EngineUnavailable, Outcome
 from server.errors import APIError, ClientDisconnected, Shape, bad_request
-from server.inputs import RequestContext, overloaded
+from server.inputs import ModelStarting, RequestContext, overloaded
 from server.protocol import PRIORITY_LIMIT
 from server.services import ServedModel, Services, services
 
@@ -217,7 +217,7 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
     traced: dict[str, Any] = {"timings": timings}  # a failed request's trace has its stages too
     request.state.traced = traced
     with in_shape(shape):
-        svc.default_model()  # 503 before reading the body of a request that cannot be served
+        await svc.serving_model()  # 503 before reading the body of a request that cannot be served
         priority = header_priority(request)
         raw = await read_body(request, svc)
     arrived = timings.arrived = time.perf_counter()  # tokenization time counts from here, not from the upload
@@ -227,7 +227,13 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
     try:
         with admitted(svc, shape, priority) as ctx:
             traced["model"] = ctx.model_name
-            prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
+            try:
+                prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
+            except ModelStarting:
+                if not svc.holding():
+                    raise
+                await svc.until_booted()  # its permit held meanwhile: held requests count as admitted
+                prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
             timings.submitted = time.perf_counter()
             timings.tokenization_ms = (timings.submitted - arrived) * 1000
             if prepared.tokens:
@@ -282,7 +288,7 @@ async def answer_without_engine(
     svc = services(request)
     timings = Timings()
     with in_shape(shape):
-        svc.default_model()
+        await svc.serving_model()
         raw = await read_body(request, svc)
     with admitted(svc, shape) as ctx:
         body = await svc.off_loop(respond, raw, ctx)

@@ -48,6 +48,8 @@ class Services:
     body_reads: set[asyncio.Task[Any]] = field(default_factory=set)
     body_reads_ended: set[asyncio.Task[Any]] = field(default_factory=set)
     tracing: Tracing | None = None  # WARMPOOL_OTLP_ENDPOINT set: spans per request (server/tracing.py)
+    booted: asyncio.Event = field(default_factory=asyncio.Event)  # every model has started or failed
+    held: int = 0  # requests waiting for the start to end (WARMPOOL_HOLD_DURING_START)
     admission: Admission = field(init=False)
     metrics: Metrics = field(init=False)
 
@@ -75,6 +77,31 @@ class Services:
         """fn on the executor (parsing, tokenizing, response building): the loop stays free."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def holding(self) -> bool:
+        """Requests are held, not refused: WARMPOOL_HOLD_DURING_START=on and the start not over."""
+        return self.settings.hold_during_start == "on" and not self.booted.is_set() and not self.startup.failed
+
+    async def until_booted(self) -> None:
+        """Wait for every model to have started (or failed), at most WARMPOOL_LOAD_WAIT: 503 past it."""
+        try:
+            await asyncio.wait_for(self.booted.wait(), self.settings.load_wait)
+        except TimeoutError:
+            self.metrics.rejections.labels(reason="load_wait").inc()
+            raise self.unavailable(
+                f"still starting after WARMPOOL_LOAD_WAIT ({self.settings.load_wait:g} s): retry later"
+            ) from None
+
+    async def serving_model(self) -> ServedModel:
+        """default_model(), once the start is over where requests are held (holding()): at most as
+        many held at once as the admission permits, the rest refused as without holding."""
+        if self.holding() and self.held < self.settings.admission_permits:
+            self.held += 1
+            try:
+                await self.until_booted()
+            finally:
+                self.held -= 1
+        return self.default_model()
 
     def default_model(self) -> ServedModel:
         """The first configured model that serves (the first ready one while it starts), or 503
