@@ -54,12 +54,27 @@ class EarlyResponder:
         self._stop.set()
         self._thread.join()
         host, port = self.sock.getsockname()[:2]
-        target = "::1" if self.sock.family == socket.AF_INET6 else "127.0.0.1"
-        if host not in ("0.0.0.0", "::"):
-            target = host
+        # a wildcard socket is reached on loopback (IPv4 too for a dual-stack "::", where ::1 may be off)
+        targets = (
+            [(h, port) for h in ("::1", "127.0.0.1")]
+            if host == "::"
+            else [("127.0.0.1" if host == "0.0.0.0" else host, port)]
+        )
         for conn, data, _ in self._held:
-            threading.Thread(target=_relay, args=(conn, data, (target, port)), name="early-relay", daemon=True).start()
+            threading.Thread(target=self._relay, args=(conn, data, targets), name="early-relay", daemon=True).start()
         self._held.clear()
+
+    def _relay(self, client: socket.socket, data: bytes, targets: list[tuple[str, int]]) -> None:
+        """A held connection handed to uvicorn, or answered 503 where it cannot be reached."""
+        for target in targets:
+            try:
+                upstream = socket.create_connection(target, timeout=10)
+            except OSError:
+                continue
+            _pipe(client, upstream, data)
+            return
+        with client:
+            self._answer(client, data)
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -80,14 +95,16 @@ class EarlyResponder:
         except OSError:
             conn.close()
             return
-        if self.hold_s is not None and data.startswith(b"POST ") and len(self._held) < self.hold_limit:
+        room = not self.startup.failed and len(self._held) < self.hold_limit
+        if self.hold_s is not None and room and data.startswith(b"POST "):
             self._held.append((conn, data, time.monotonic() + self.hold_s))
             return
         with conn:
             self._answer(conn, data)
 
     def _expire(self) -> None:
-        now = time.monotonic()
+        """Held connections past their deadline, or all of them once the start failed: a 503."""
+        now = float("inf") if self.startup.failed else time.monotonic()
         for entry in [e for e in self._held if e[2] <= now]:
             self._held.remove(entry)
             with entry[0] as conn:
@@ -124,28 +141,27 @@ class EarlyResponder:
         return 503, {"error": error}
 
 
-def _relay(client: socket.socket, data: bytes, target: tuple[str, int]) -> None:
-    """A held connection handed to uvicorn: what was read of it, then every byte both ways until
-    either side closes (uvicorn's own deadlines bound how long that is)."""
-    try:
-        upstream = socket.create_connection(target, timeout=10)
-    except OSError:
-        client.close()
-        return
+def _pipe(client: socket.socket, upstream: socket.socket, data: bytes) -> None:
+    """What was read of the client's connection, then every byte both ways; a side that stops
+    sending is shut for writing on the other, and the pipe ends once both have (uvicorn's own
+    deadlines bound how long that is)."""
     with client, upstream:
         client.settimeout(None)
         upstream.settimeout(None)
         try:
             upstream.sendall(data)
-            ends = [client, upstream]
-            while True:
-                readable, _, _ = select.select(ends, [], [], 60)
-                if not readable:
-                    continue
+            open_ends = [client, upstream]
+            while open_ends:
+                readable, _, _ = select.select(open_ends, [], [], 60)
                 for side in readable:
+                    other = upstream if side is client else client
                     chunk = side.recv(65536)
-                    if not chunk:
+                    if chunk:
+                        other.sendall(chunk)
+                        continue
+                    open_ends.remove(side)  # half-closed: pass it on, keep the other way open
+                    other.shutdown(socket.SHUT_WR)
+                    if side is upstream:  # the server has answered and closed: nothing more to carry
                         return
-                    (upstream if side is client else client).sendall(chunk)
         except OSError:
             return

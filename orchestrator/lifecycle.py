@@ -189,6 +189,7 @@ class LifecycleServer(uvicorn.Server):
     async def fail(self, reason: str) -> None:
         """Keep /health/startup up for fail_linger seconds so people can read why, then exit 1."""
         self.exit_code = 1
+        self.services.booted.set()  # held requests get their 503 now, not after the linger
         log.error("startup_failed", reason=reason, exit_in_s=self.services.settings.fail_linger)
         await asyncio.sleep(self.services.settings.fail_linger)
         await self.shutdown_engines()
@@ -199,6 +200,7 @@ class LifecycleServer(uvicorn.Server):
         log.info("signal", signal=signal.Signals(sig).name)
         svc = self.services
         svc.startup.draining = True
+        svc.booted.set()  # held requests are answered 503 (draining) at once
         log.info("draining", in_flight=svc.in_flight, timeout_s=svc.settings.drain_timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + svc.settings.drain_timeout

@@ -48,7 +48,8 @@ class Services:
     body_reads: set[asyncio.Task[Any]] = field(default_factory=set)
     body_reads_ended: set[asyncio.Task[Any]] = field(default_factory=set)
     tracing: Tracing | None = None  # WARMPOOL_OTLP_ENDPOINT set: spans per request (server/tracing.py)
-    booted: asyncio.Event = field(default_factory=asyncio.Event)  # every model has started or failed
+    # the start is over: every model has started or failed, or the start failed, or the server drains
+    booted: asyncio.Event = field(default_factory=asyncio.Event)
     held: int = 0  # requests waiting for the start to end (WARMPOOL_HOLD_DURING_START)
     admission: Admission = field(init=False)
     metrics: Metrics = field(init=False)
@@ -79,8 +80,15 @@ class Services:
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
     def holding(self) -> bool:
-        """Requests are held, not refused: WARMPOOL_HOLD_DURING_START=on and the start not over."""
-        return self.settings.hold_during_start == "on" and not self.booted.is_set() and not self.startup.failed
+        """Requests are held, not refused: WARMPOOL_HOLD_DURING_START=on and the start not over
+        (neither failed nor drained: those end it, and wake every held request, LifecycleServer)."""
+        startup = self.startup
+        return (
+            self.settings.hold_during_start == "on"
+            and not self.booted.is_set()
+            and not startup.failed
+            and not startup.draining
+        )
 
     async def until_booted(self) -> None:
         """Wait for every model to have started (or failed), at most WARMPOOL_LOAD_WAIT: 503 past it."""
@@ -93,9 +101,11 @@ class Services:
             ) from None
 
     async def serving_model(self) -> ServedModel:
-        """default_model(), once the start is over where requests are held (holding()): at most as
-        many held at once as the admission permits, the rest refused as without holding."""
-        if self.holding() and self.held < self.settings.admission_permits:
+        """default_model(), at once where a model serves; else, where requests are held
+        (holding()), once the start is over: at most as many held at once as the admission permits,
+        the rest refused as without holding."""
+        serving = self.startup.accepting and self.models
+        if not serving and self.holding() and self.held < self.settings.admission_permits:
             self.held += 1
             try:
                 await self.until_booted()
