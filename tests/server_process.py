@@ -89,6 +89,11 @@ class ServerProcess:
     def phase(self, name: str) -> dict[str, Any]:
         return next(p for p in self.startup()["phases"] if p["name"] == name)
 
+    def batches(self) -> float:
+        """Engine batches run so far, every model's (none yet: the histogram has no line)."""
+        lines = self.get("/metrics").text.splitlines()
+        return sum(float(line.split()[-1]) for line in lines if line.startswith("warmpool_batch_size_count"))
+
     def wait_ready(self, timeout: float = 120) -> ServerProcess:
         def ready() -> bool:
             if self.proc.poll() is not None:

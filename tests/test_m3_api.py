@@ -35,12 +35,6 @@ def reference(m3_dir: Path) -> dict[str, Any]:
     return model.encode(TEXTS, return_dense=True, return_sparse=True, return_colbert_vecs=True)  # type: ignore[no-any-return]
 
 
-def batches(server: ServerProcess) -> float:
-    """Engine batches run so far (none yet: the histogram has no line)."""
-    lines = server.get("/metrics").text.splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith("warmpool_batch_size_count"))
-
-
 def same_lexical(got: list[dict[str, Any]], expected: list[dict[str, float]]) -> None:
     for item, weights in zip(got, expected, strict=True):
         assert [str(i) for i in item["indices"]] == sorted(weights, key=int)
@@ -52,10 +46,10 @@ def test_embeddings_answer_all_three_outputs_from_one_batch(m3: ServerProcess, r
     {indices, values} and `multi_vector`, equal to FlagEmbedding's; one input's three outputs take
     one engine forward."""
     everything = ["dense", "sparse", "multi_vector"]
-    before = batches(m3)
+    before = m3.batches()
     one = m3.post("/v1/embeddings", json={"input": TEXTS[0], "outputs": everything})
     assert one.status_code == 200, one.text
-    assert batches(m3) == before + 1 and set(one.json()["data"][0]) >= {"embedding", "sparse", "multi_vector"}
+    assert m3.batches() == before + 1 and set(one.json()["data"][0]) >= {"embedding", "sparse", "multi_vector"}
     r = m3.post("/v1/embeddings", json={"input": TEXTS, "outputs": everything})
     assert r.status_code == 200, r.text
     data = r.json()["data"]

@@ -135,19 +135,14 @@ def test_an_inference_free_model_encodes_queries_without_the_engine(model_dir: P
     reference = SparseEncoder(str(folder), device="cpu")
     query, documents = TEXTS[0], TEXTS[1:]
     with serving(folder, tmp_path / "free.log") as server:
-
-        def batches() -> float:
-            lines = server.get("/metrics").text.splitlines()
-            return sum(float(line.split()[-1]) for line in lines if line.startswith("warmpool_batch_size_count"))
-
         r = server.post("/embed_sparse", json={"inputs": documents})
         got = dense([([e["index"] for e in row], [e["value"] for e in row]) for row in r.json()], 30522)
         expected = reference.encode_document(documents, convert_to_tensor=True).to_dense().numpy()
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
-        before = batches()
+        before = server.batches()
         r = server.post("/v1/embeddings", json={"input": [query], "prompt_name": "query"})
         assert r.status_code == 200, r.text
-        assert batches() == before  # no forward for a query
+        assert server.batches() == before  # no forward for a query
         item = r.json()["data"][0]["embedding"]
         expected = reference.encode_query([query], convert_to_tensor=True).to_dense().numpy()
         np.testing.assert_allclose(dense([(item["indices"], item["values"])], 30522), expected, atol=1e-5, rtol=0)
