@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.rows import layer_projections
+
 LEVELS = 127  # symmetric: -127..127, so negating a value never overflows
 
 
@@ -59,14 +61,10 @@ def quantize(model: nn.Module) -> int:
     """Replace every nn.Linear inside the model's layer stacks with an Int8Linear, in place; the
     number replaced. Works on the native families and on transformers' models alike (both keep
     their layers in an nn.ModuleList)."""
-    replaced = 0
-    for stack in [m for m in model.modules() if isinstance(m, nn.ModuleList)]:
-        for parent in list(stack.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
-                    setattr(parent, name, Int8Linear(child))
-                    replaced += 1
-    return replaced
+    found = list(layer_projections(model))
+    for parent, name, child in found:
+        setattr(parent, name, Int8Linear(child))
+    return len(found)
 
 
 def describe(model: nn.Module) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import torch
 
 from common.modelfolder import ModelError, ModelFolder
 from common.wire import Tokens
-from engine import dense, int8, m3, multivector, preloaded, sparse
+from engine import dense, int8, m3, multivector, preloaded, rows, sparse
 from engine.device import Placement
 from engine.packed import Packed
 from engine.pooling import pool, pool_packed
@@ -37,6 +37,7 @@ class PoolingModel:
             self.model, self.weights = _transformers_model(info, device, dtype), {"weights": "engine"}
             if self.placement.int8:
                 int8.quantize(self.model)
+            rows.bucket(self.model, device, dtype)
         self.weights.update(int8.describe(self.model))
         # after the pooling; a ColBERT's project every token (in the native model itself, engine/multivector.py)
         projects = info.kind == "embedding" or (info.kind == "multi-vector" and not info.native)

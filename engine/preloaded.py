@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from common.modelfolder import ModelFolder, read_model_folder
-from engine import dense, families, int8, multivector, sparse
+from engine import dense, families, int8, multivector, rows, sparse
 from engine.checkpoint import release_unused_pages
 from engine.device import Placement, place
 
@@ -61,6 +61,7 @@ def build(info: ModelFolder, placement: Placement) -> nn.Module:
             model = multivector.MultiVectorModel(model, dense.load(info.dense, placement.device, placement.dtype))
         if placement.int8:
             int8.quantize(model)
+        rows.bucket(model, placement.device, placement.dtype)
     release_unused_pages(model, info.path)
     return model
 

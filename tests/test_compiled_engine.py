@@ -18,10 +18,13 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
 from engine.compiled import CompiledForward, build_package
+from engine.compiler import AGREE
+from engine.device import cpu_has, cpu_has_int8, place
 from engine.model import PoolingModel
 from engine.packed import Packed
 from server.outputs import normalize
@@ -74,6 +77,25 @@ def test_compiled_forward_gives_the_eager_engines_numbers(
     assert compiled.shape == eager.shape
     assert not np.array_equal(eager, np.zeros_like(eager))
     np.testing.assert_allclose(compiled, eager, atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_a_reduced_precision_package_agrees_with_its_eager_engine(
+    tiny: TinyFolders, tmp_path: Path, precision: str
+) -> None:
+    """bfloat16 (projections on rows rounded up to a step, engine/rows.py) and int8 (int8 products)
+    compile through the same wrapper and answer within the engine's own agreement check of eager.
+    Only where the CPU computes the precision in its own instructions (else the engine refuses it)."""
+    if not (cpu_has(torch.bfloat16) if precision == "bfloat16" else cpu_has_int8()):
+        pytest.skip(f"this CPU has no {precision} instructions: the engine refuses {precision} here")
+    folder = tiny["bert"]
+    model = PoolingModel(read_model_folder(folder), threads=1, placement=place("cpu", precision, []))
+    eager = eager_answers(folder, model)
+    build_package(model.model, Packed.of([Tokens([5] * n) for n in (3, 5, 9)]), tmp_path / "artifact")
+    model.compiled = CompiledForward(tmp_path / "artifact", model.model, tmp_path / "unpacked")
+    compiled = eager_answers(folder, model)
+    assert compiled.shape == eager.shape and np.isfinite(compiled).all()
+    np.testing.assert_allclose(compiled, eager, atol=AGREE[precision], rtol=AGREE[precision])
 
 
 def finished(proc: ServerProcess) -> dict[str, Any] | None:
