@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import MODEL, ROOT, run, sentences
-from bench.load import Window, load
+from bench.load import Window, load, pct
 from tests.otlp_receiver import HttpReceiver
 from tests.server_process import ServerProcess
 
@@ -66,8 +66,13 @@ def main() -> None:
     for name, cfg in configs.items():
         rate = statistics.mean(r.inputs_s for r in results[name])
         probe = statistics.median(r.probe_p99 for r in results[name])
+        p50 = statistics.median(pct(r.latencies, 0.5) for r in results[name])
+        p99 = statistics.median(pct(r.latencies, 0.99) for r in results[name])
         where = "" if sources[name] == ROOT else f" from {sources[name]}"
-        print(f"{name} {cfg or 'defaults'}{where}: {rate:.1f} inputs/s (mean), probe p99 {probe:.1f} ms (median)")
+        print(
+            f"{name} {cfg or 'defaults'}{where}: {rate:.1f} inputs/s (mean), p50/p99 {p50:.1f}/{p99:.1f} ms, "
+            f"probe p99 {probe:.1f} ms (medians)"
+        )
     ratios = [b.inputs_s / a.inputs_s for a, b in zip(results["A"], results["B"], strict=True)]
     print(f"B/A per round: {' '.join(f'{r:.2f}' for r in ratios)}; mean {statistics.mean(ratios):.2f}")
     if collector is not None:

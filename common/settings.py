@@ -122,7 +122,8 @@ class Settings(BaseSettings):
     engine_threads: int = Field(
         default_factory=lambda: usable_cpus(),  # looked up when built: tests replace it
         ge=1,
-        description="torch threads of an engine working alone (busy together, each takes its share); "
+        description="torch threads of an engine working alone (every other engine idle for 0.2 s or more; busy "
+        "together, each takes its share); "
         "default: the CPUs this process may use (its affinity, capped by a cgroup CPU quota).",
     )
     engine_nice: int = Field(

@@ -8,7 +8,7 @@ from multiprocessing.connection import Connection
 from common.wire import EngineSpec
 
 
-def engine_main(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -> None:
+def engine_main(conn: Connection, spec: EngineSpec, busy: MutableSequence[float]) -> None:
     from engine.process import run_engine  # preloaded in the forkserver: no cost there
 
     run_engine(conn, spec, busy)

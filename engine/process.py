@@ -29,7 +29,7 @@ IMPORTED_BY_PID = os.getpid()
 COMPILE_POLL_S = 0.5  # an idle engine with a compile on the way looks at it this often
 
 
-def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[int]) -> None:
+def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float]) -> None:
     # The HTTP process owns shutdown: SIGINT from a terminal must not kill the engine mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The HTTP process must get a core the moment it has work (probes, 429s, tokenizing): the

@@ -78,8 +78,9 @@ class EngineSupervisor:
         self.method = method
         self.events = events
         self.count = settings.engine_count
-        # One flag per engine, set while it runs a batch: engines size their torch pools by it.
-        self.busy = method.ctx.RawArray("b", self.count)  # type: ignore[attr-defined]
+        # One slot per engine: BUSY while it runs a batch, else when it went idle (engine/threads.py).
+        # Engines size their torch pools by it.
+        self.busy = method.ctx.RawArray("d", self.count)  # type: ignore[attr-defined]
         self.processes: list[multiprocessing.process.BaseProcess | None] = [None] * self.count
         # What kills and waits for engines: their Process objects go blind with the forkserver.
         self.refs: list[ProcessRef | None] = [None] * self.count
@@ -168,7 +169,7 @@ class EngineSupervisor:
 
     def engine_lost(self, slot: int) -> None:
         """An engine's pipe closed (it died, or was stopped): re-fork it unless stopping."""
-        self.busy[slot] = 0
+        self.busy[slot] = 0.0  # idle since ever: a dead engine holds no core
         with self._up_lock:
             self._up.discard(slot)
             self.startup.engine_up = bool(self._up)

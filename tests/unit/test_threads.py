@@ -8,29 +8,59 @@ import time
 
 import torch
 
-from engine.threads import ThreadShare
+from engine.threads import BUSY, SOLO_AFTER_S, ThreadShare
 
 
 def test_working_alone_takes_the_solo_threads_and_beside_another_the_shared() -> None:
     """An engine that is the only busy one uses its solo thread count; with another busy, its share."""
     threads = torch.get_num_threads()
     try:
-        busy = [0, 0]
+        busy = [0.0, 0.0]
         share = ThreadShare(busy, slot=1, shared=1, solo=2)
         share.working()
-        assert torch.get_num_threads() == 2 and busy == [0, 1]
+        assert torch.get_num_threads() == 2 and busy == [0.0, BUSY]
         share.idle()
-        busy[0] = 1
+        busy[0] = BUSY
         share.working()
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
 
 
+def test_an_engine_idle_for_less_than_the_solo_wait_still_counts_as_working() -> None:
+    """Another engine that went idle just now keeps this one at its share (under load engines pass
+    each other between groups); once it has been idle SOLO_AFTER_S, this one takes every core."""
+    threads = torch.get_num_threads()
+    try:
+        busy = [time.monotonic(), 0.0]
+        share = ThreadShare(busy, slot=1, shared=1, solo=2)
+        share.working()
+        assert torch.get_num_threads() == 1
+        share.idle()
+        busy[0] = time.monotonic() - SOLO_AFTER_S
+        share.working()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_idle_records_when_the_engine_stopped_working() -> None:
+    """idle() after work stores the time it went idle; a second idle() keeps that time."""
+    busy = [0.0, 0.0]
+    share = ThreadShare(busy, slot=0, shared=1, solo=1)
+    share.working()
+    before = time.monotonic()
+    share.idle()
+    went_idle = busy[0]
+    assert before <= went_idle <= time.monotonic()
+    share.idle()
+    assert busy[0] == went_idle
+
+
 def test_wait_quiet_returns_once_the_other_engines_are_idle() -> None:
     """wait_quiet blocks while another engine is busy and returns when it goes idle, before its
     timeout."""
-    busy = [1, 0]
+    busy = [BUSY, 0.0]
     share = ThreadShare(busy, slot=1, shared=1, solo=1)
     order: list[str] = []
     waiting = threading.Thread(target=lambda: (share.wait_quiet(60), order.append("warm-up")))
@@ -38,22 +68,22 @@ def test_wait_quiet_returns_once_the_other_engines_are_idle() -> None:
     waiting.join(0.05)
     assert waiting.is_alive() and order == []
     order.append("first engine idle")
-    busy[0] = 0
+    busy[0] = time.monotonic()
     waiting.join(10)
     assert order == ["first engine idle", "warm-up"]
 
 
 def test_wait_quiet_gives_up_at_its_timeout_under_steady_work() -> None:
     """Under steady work elsewhere wait_quiet waits out its timeout, then returns."""
-    busy = [1, 0]
+    busy = [BUSY, 0.0]
     started = time.monotonic()
     ThreadShare(busy, slot=1, shared=1, solo=1).wait_quiet(0.05)
-    assert time.monotonic() - started >= 0.05 and busy == [1, 0]
+    assert time.monotonic() - started >= 0.05 and busy == [BUSY, 0.0]
 
 
 def test_wait_quiet_ignores_its_own_flag() -> None:
     """An engine busy itself, with every other idle, does not wait for itself."""
-    share = ThreadShare([0, 1], slot=1, shared=1, solo=1)
+    share = ThreadShare([0.0, BUSY], slot=1, shared=1, solo=1)
     waiting = threading.Thread(target=share.wait_quiet, args=(600,))
     waiting.start()
     waiting.join(30)
