@@ -229,10 +229,16 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
             traced["model"] = ctx.model_name
             try:
                 prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
-            except ModelStarting:
-                if not svc.holding():
+            except ModelStarting as starting:
+                if svc.loader is not None and svc.loader.wakes(starting.model):
+                    # The permits are the default model's: an unload making room for this load waits
+                    # for that model's requests to finish, this one among them, were they kept.
+                    ctx.release()
+                    await svc.loader.until_loaded(starting.model)  # a model on demand: loaded, or its wake awaited
+                elif svc.holding():
+                    await svc.until_booted()  # its permit held meanwhile: held requests count as admitted
+                else:
                     raise
-                await svc.until_booted()  # its permit held meanwhile: held requests count as admitted
                 prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
             timings.submitted = time.perf_counter()
             timings.tokenization_ms = (timings.submitted - arrived) * 1000
@@ -346,6 +352,7 @@ async def run_on_engine(
         raise APIError(500, f"the engine failed on this batch: {exc}", code="engine_error") from None
     finally:
         timer.cancel()
+    svc.last_used[model.name] = time.time()  # what keep_alive and the least-recently-used choice read
     timings.queue_ms = outcome.queue_ms
     timings.inference_ms = outcome.inference_ms
     svc.metrics.queue_time.labels(model=model.name).observe(outcome.queue_ms / 1000)
