@@ -120,6 +120,9 @@ def test_load_and_unload_over_the_admin_api(zoo: ServerProcess) -> None:
     assert zoo.post("/admin/models/c/unload").json()["state"] == "unloaded"
     assert states(zoo)["c"] == "unloaded"
     assert counter(zoo, "warmpool_model_unloads_total", model="c", reason="asked") == 1
+    tokenized = zoo.post("/tokenize", json={"model": "c", "prompt": "hello"})  # the tokenizer alone wakes it too
+    assert tokenized.status_code == 200 and states(zoo)["c"] == "ready", tokenized.text
+    assert zoo.post("/admin/models/c/unload").json()["state"] == "unloaded"
     assert zoo.post("/admin/models/c/load").json()["state"] == "ready"
     assert zoo.post("/admin/models/c/load").json()["state"] == "ready"
     assert {p["name"]: p["state"] for p in zoo.startup()["phases"]}["warmup:c"] == "done"
