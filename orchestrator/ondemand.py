@@ -222,7 +222,10 @@ class ModelPool:
                     continue
                 if now - self.svc.last_used.get(slot.name, slot.loaded_at) > alive and self._others_resident(slot):
                     log.info("model_idle", model=slot.name, keep_alive_s=alive)
-                    await self.unload(slot.name, "idle")
+                    try:
+                        await self.unload(slot.name, "idle")
+                    except Exception:  # this loop serves every model: one failed unload must not end it
+                        log.exception("model_unload_failed", model=slot.name)
             if time.monotonic() - self._measured_at > MEASURE_S:
                 await self._measure()
 
