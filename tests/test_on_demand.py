@@ -129,6 +129,18 @@ def test_load_and_unload_over_the_admin_api(zoo: ServerProcess) -> None:
     assert embed(zoo, "c").status_code == 200
 
 
+def test_an_unload_lets_the_requests_in_flight_finish(zoo: ServerProcess) -> None:
+    """A long request for c is answered in full although c is unloaded while it runs."""
+    assert embed(zoo, "c").status_code == 200
+    long = {"input": ["word " * 150] * 64, "model": "c"}
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(lambda: zoo.post("/v1/embeddings", json=long, timeout=120))
+        wait_for(lambda: running.done() or metrics(zoo)[("warmpool_inputs_in_flight", ())] > 0, 30, "the long request")
+        assert zoo.post("/admin/models/c/unload", timeout=120).json()["state"] == "unloaded"
+        answered = running.result(timeout=120)
+    assert answered.status_code == 200 and len(answered.json()["data"]) == 64
+
+
 def test_keep_alive_unloads_an_idle_model_and_a_request_past_the_load_wait_gets_503(
     model_dir: Path, cross_encoder_dir: Path, tmp_path: Path
 ) -> None:
