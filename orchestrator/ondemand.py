@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("warmpool.ondemand")
 
 State = Literal["resident", "loading", "unloading", "unloaded", "failed"]
-# What an engine holds beside the model's weights (measured on the CPU, all-MiniLM-L6-v2, float32:
-# its heap after warm-up, its share of torch's pages, the fused projections): a floor, not a bound.
+# An allowance for what an engine holds beside the model's weights (its heap, its share of torch's
+# pages, fused projections). Not calibrated: on all-MiniLM-L6-v2 an engine's measured PSS stayed
+# below weights + this, so the estimate is what counted there.
 ENGINE_BYTES = 150 * 10**6
 POLL_S = 0.02  # how often an unload looks whether the model's in-flight requests have finished
 TICK_S = 0.25  # how often idle models are looked for (keep_alive)
