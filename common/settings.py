@@ -7,6 +7,7 @@ table and compose.yaml's environment block are checked against this class by the
 from __future__ import annotations
 
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -16,6 +17,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.cpus import usable_cpus
 from common.devices import resolve, visible_gpus
+
+BUDGET_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([kKMGT])(i?)[bB]?|[bB]|(%))?\s*$"
+_POWERS = {"k": 1, "K": 1, "M": 2, "G": 3, "T": 4}
 
 
 class Settings(BaseSettings):
@@ -41,6 +45,25 @@ class Settings(BaseSettings):
     )
     on_model_failure: Literal["exit", "serve-others"] = Field(
         "exit", description="With several models, what a model that fails to start does to the appliance."
+    )
+    memory_budget: str | None = Field(
+        None,
+        pattern=BUDGET_PATTERN,
+        description="With several models, what resident models may hold together (their engines' PSS): bytes, "
+        "with a k/M/G/T (powers of 1000) or Ki/Mi/Gi/Ti suffix, or a share of the memory limit (the cgroup's, "
+        "else the host's) like 80%; unset: no bound.",
+    )
+    resident: Literal["always", "auto"] = Field(
+        "always",
+        description="With several models (`;resident=auto` per model): always: loaded at start, never unloaded; "
+        "auto: loaded at start while it fits the memory budget, else on its first request, and unloaded to make "
+        "room (least recently used first) or after keep_alive idle seconds.",
+    )
+    keep_alive: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds an idle resident=auto model stays loaded (`;keep_alive=300` per model); unset: "
+        "until its memory is needed.",
     )
     host: str = Field("127.0.0.1", description="Listen address (0.0.0.0 in the image).")
     port: int = Field(
@@ -236,6 +259,8 @@ class Settings(BaseSettings):
             update: dict[str, object] = {"model": folder, "served_model_name": name, "models": None}
             update |= {"engines": engines, "engine_threads": threads, **_model_options(options, entry)}
             result.append(self.model_validate({**self.model_dump(), **update}))
+        if len(result) < 2 and any(s.resident == "auto" for s in result):
+            raise ValueError("resident=auto needs two or more models in WARMPOOL_MODELS: the last one stays loaded")
         names = [s.model_name for s in result]
         if len(set(names)) != len(names):
             raise ValueError(f"WARMPOOL_MODELS serves two models under one name: {names}; name them NAME=FOLDER")
@@ -304,8 +329,8 @@ class Settings(BaseSettings):
         return None
 
 
-# What one model of several may set for itself: `NAME=FOLDER;engines=1;dtype=bfloat16`.
-PER_MODEL = ("engines", "dtype", "max_batch_tokens", "max_batch_size")
+# What one model of several may set for itself: `NAME=FOLDER;engines=1;dtype=bfloat16;resident=auto`.
+PER_MODEL = ("engines", "dtype", "max_batch_tokens", "max_batch_size", "resident", "keep_alive")
 
 
 def _model_options(options: list[str], entry: str) -> dict[str, str]:
@@ -314,6 +339,21 @@ def _model_options(options: list[str], entry: str) -> dict[str, str]:
     if unknown:
         raise ValueError(f"WARMPOOL_MODELS entry {entry!r}: {unknown} cannot be set per model (only {PER_MODEL})")
     return dict(pairs)  # type: ignore[arg-type]
+
+
+def budget_bytes(text: str, limit: int | None) -> int:
+    """WARMPOOL_MEMORY_BUDGET in bytes: `2G`, `1.5Gi`, `800M`, `123456`, or `80%` of `limit` (the
+    memory limit: the cgroup's, else the host's); ValueError for a share with no limit known."""
+    match = re.fullmatch(BUDGET_PATTERN, text)
+    if match is None:
+        raise ValueError(f"WARMPOOL_MEMORY_BUDGET {text!r}: bytes with a k/M/G/T or Ki/Mi/Gi/Ti suffix, or N%")
+    number, unit, binary, share = match.groups()
+    if share:
+        if limit is None:
+            raise ValueError(f"WARMPOOL_MEMORY_BUDGET {text!r}: a share, but no memory limit could be read")
+        return int(limit * float(number) / 100)
+    power = _POWERS[unit] if unit else 0
+    return int(float(number) * (1024 if binary else 1000) ** power)
 
 
 class ApiKeyError(ValueError):

@@ -83,6 +83,7 @@ class StartupState:
         else:
             self._phases = {name: Phase(name) for name in PHASES}
         self.draining = False
+        self.on_demand: set[str] = set()  # models loaded and unloaded on demand: their failures are their own
         self._up: dict[str, bool] = {}  # per model (the one model: ""), whether an engine can serve
         self._watchers: list[Callable[[dict[str, Any]], None]] = []
 
@@ -134,7 +135,7 @@ class StartupState:
         self._move(name, "failed", {"error": error, **detail})
         with self._lock:
             model = self._phases[name].model
-            alone = self.tolerate_model_failures and model is not None
+            alone = (self.tolerate_model_failures or model in self.on_demand) and model is not None
             if alone:
                 self._up.pop(str(model), None)
             rest = [
@@ -144,6 +145,16 @@ class StartupState:
             ]
         for other in rest:
             self.skip(other, f"start failed in phase '{name}'")
+
+    def reset_model(self, model: str, reason: str) -> None:
+        """An on-demand model was unloaded (or is about to load again): its phases start over,
+        skipped with `reason` until its next load, and it no longer counts for readiness."""
+        with self._lock:
+            self._up.pop(model, None)
+            for phase in self._phases.values():
+                if phase.model == model:
+                    phase.state, phase.started_s, phase.duration_s = "skipped", None, None
+                    phase.detail = {"reason": reason}
 
     def watch(self, watcher: Callable[[dict[str, Any]], None]) -> None:
         """Call `watcher` with each phase's record as it changes from now on, after every phase as
@@ -196,11 +207,12 @@ class StartupState:
         """The appliance failed: a shared phase did, or (unless model failures are tolerated) any
         phase did, or every model did."""
         with self._lock:
-            failed = [p for p in self._phases.values() if p.state == "failed"]
-            if not self.tolerate_model_failures or not self.models:
-                return bool(failed)
-            lost = {p.model for p in failed}
-            return None in lost or lost >= set(self.models)
+            lost = {p.model for p in self._phases.values() if p.state == "failed"}
+            if not lost or None in lost or not self.models:
+                return bool(lost)
+            if not self.tolerate_model_failures:
+                return bool(lost - self.on_demand)
+            return lost >= set(self.models)
 
     def model_failed(self, model: str) -> bool:
         with self._lock:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from common.devices import DeviceError
-from common.settings import ApiKeyError, Settings
+from common.settings import ApiKeyError, Settings, budget_bytes
 from common.startup import StartupState
 from orchestrator import platforms
 
@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(settings.log_level, settings.log_format)
     try:
         models = settings.per_model()
+    except ValueError as exc:
+        print(f"warmpool: {exc}", file=sys.stderr)
+        return 2
+    try:
+        budget = _budget(settings)
     except ValueError as exc:
         print(f"warmpool: {exc}", file=sys.stderr)
         return 2
@@ -63,7 +68,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from orchestrator.lifecycle import run_server  # fastapi, uvicorn, server.*: imported while probes answer
 
-    return run_server(settings, models, startup, sock, early, method)
+    return run_server(settings, models, startup, sock, early, method, budget)
+
+
+def _budget(settings: Settings) -> int | None:
+    """WARMPOOL_MEMORY_BUDGET in bytes (a share of the cgroup's limit, or of the host's memory)."""
+    if settings.memory_budget is None:
+        return None
+    from orchestrator.memory import limit_bytes
+
+    return budget_bytes(settings.memory_budget, limit_bytes())
 
 
 def _write_port(path: Path, port: int) -> None:

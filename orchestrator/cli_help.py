@@ -7,7 +7,18 @@ import textwrap
 from common.settings import Settings
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "model": ("model", "served_model_name", "models", "on_model_failure", "device", "dtype", "allow_bin_weights"),
+    "model": (
+        "model",
+        "served_model_name",
+        "models",
+        "on_model_failure",
+        "memory_budget",
+        "resident",
+        "keep_alive",
+        "device",
+        "dtype",
+        "allow_bin_weights",
+    ),
     "network": ("host", "port", "port_file", "health_route", "predict_route"),
     "limits": (
         "max_batch_tokens",

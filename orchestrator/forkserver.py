@@ -59,7 +59,10 @@ def preload_weights(models: list[Settings]) -> list[str]:
 
 
 def _builds(m: Settings) -> bool:
-    """A native model for CPU engines forked from the forkserver."""
+    """A native model for CPU engines forked from the forkserver; not a resident=auto one: its copy
+    would stay in the forkserver while the model is unloaded (its engines load it, from the page cache)."""
+    if m.resident == "auto":
+        return False
     try:
         return m.start_method == "forkserver" and m.resolved_device == "cpu" and read_model_folder(m.model_path).native
     except (ModelError, DeviceError):  # the engine phase reports the folder or the device

@@ -21,6 +21,7 @@ from common.settings import Settings
 from common.startup import ModelPhases, StartupState
 from orchestrator.binding import EarlyResponder
 from orchestrator.forkserver import StartMethod
+from orchestrator.ondemand import ModelPool
 from orchestrator.supervisor import EngineStartError, EngineSupervisor
 from server import tracing
 from server.admission import Admission
@@ -45,6 +46,7 @@ class EngineWiring:
         self.supervisor: EngineSupervisor | None = None
         self._compiles: dict[int, dict[str, Any]] = {}
         self._compiles_lock = threading.Lock()
+        self.retired = False  # the model was unloaded: its engines' exits are no losses
 
     # EngineEvents (engine client, on its reader threads)
     def batch_done(self, stats: BatchStats) -> None:
@@ -52,6 +54,8 @@ class EngineWiring:
 
     def engine_lost(self, slot: int) -> None:
         assert self.supervisor is not None
+        if self.retired:
+            return
         self.engine_compile(slot, None)  # compiled or not, it serves nothing now
         self.supervisor.engine_lost(slot)
 
@@ -113,11 +117,20 @@ class LifecycleServer(uvicorn.Server):
     """uvicorn's server that also boots the engines after it starts, drains on SIGTERM/SIGINT and
     keeps a failed start readable for fail_linger seconds before exiting 1."""
 
-    def __init__(self, config: uvicorn.Config, services: Services, method: StartMethod, models: list[Settings]) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        services: Services,
+        method: StartMethod,
+        models: list[Settings],
+        budget: int | None = None,
+    ) -> None:
         super().__init__(config)
         self.services = services
         self.method = method
         self.models = models  # one settings object per served model, in the configured order
+        self.budget = budget  # WARMPOOL_MEMORY_BUDGET in bytes (orchestrator/ondemand.py)
+        self.pool: ModelPool | None = None
         self.exit_code = 0
         self.wirings: list[EngineWiring] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -127,6 +140,8 @@ class LifecycleServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         self._loop = asyncio.get_running_loop()
+        self.pool = ModelPool(self, self.models, self.budget)
+        self.services.loader = self.pool
         self._spawn(self.boot())
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -137,11 +152,18 @@ class LifecycleServer(uvicorn.Server):
     async def boot(self) -> None:
         """Every model boots at once, each on its own phases; each serves as soon as it is ready."""
         startup = self.services.startup
-        booted = await asyncio.gather(*(self.boot_model(settings) for settings in self.models))
+        assert self.pool is not None
+        booted = await self.pool.boot()  # the models that fit the memory budget; the rest load on demand
+        if any(m.keep_alive is not None and m.resident == "auto" for m in self.models):
+            self._spawn(self.pool.keep_alive())
         self.services.booted.set()  # held requests (WARMPOOL_HOLD_DURING_START) go on: served, or refused
         if len(self.models) > 1 and any(booted) and not startup.failed and not self._draining:
             startup.start("ready")
             startup.done("ready", models=[s.model_name for s, ok in zip(self.models, booted, strict=True) if ok])
+        elif len(self.models) > 1 and not any(booted) and not startup.failed and not self._draining:
+            reason = "no model started: each failed, or none fits WARMPOOL_MEMORY_BUDGET"
+            startup.fail("ready", reason)
+            await self.fail(reason)
         if any(booted):
             log.info("ready", summary=startup.summary())
 
@@ -177,10 +199,23 @@ class LifecycleServer(uvicorn.Server):
         phases.done("ready", model=name, kind=folder.kind)
         return True
 
+    def wiring(self, name: str) -> EngineWiring | None:
+        """The model's engine client and supervisor, while it is loaded."""
+        return next((w for w in self.wirings if w.phases.model == name), None)
+
+    def retire(self, name: str) -> EngineWiring | None:
+        """The model is being unloaded: its engines are no longer this server's to stop at exit."""
+        wiring = self.wiring(name)
+        if wiring is not None:
+            self.wirings.remove(wiring)
+        return wiring
+
     async def model_lost(self, name: str, reason: str) -> None:
         """A model failed to start or ran out of restarts: the appliance fails (exits after the
-        linger), unless other models serve on and model failures are tolerated."""
+        linger), unless other models serve on: model failures are tolerated, or it loads on demand."""
         self.services.models.pop(name, None)
+        if self.pool is not None:
+            self.pool.lost(name)
         if self.services.startup.failed:
             await self.fail(reason)
         else:
@@ -264,6 +299,7 @@ def run_server(
     sock: socket.socket,
     early: EarlyResponder,
     method: StartMethod,
+    budget: int | None = None,
 ) -> int:
     """Serve on the bound socket until drained or failed; the exit code for the process."""
     executor = ThreadPoolExecutor(settings.executor_threads, thread_name_prefix="warmpool-exec")
@@ -283,7 +319,7 @@ def run_server(
         timeout_graceful_shutdown=1,
     )
     config.load()
-    server = LifecycleServer(config, svc, method, models)
+    server = LifecycleServer(config, svc, method, models, budget)
     early.stop()
     server.run(sockets=[sock])
     executor.shutdown(wait=False, cancel_futures=True)

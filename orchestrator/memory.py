@@ -39,3 +39,23 @@ def _cgroup_headroom() -> int | None:
             return None
         return max(int(raw) - usage, 0)
     return None
+
+
+def limit_bytes() -> int | None:
+    """The memory this process may use at most: its cgroup's limit, else the host's MemTotal (what
+    a WARMPOOL_MEMORY_BUDGET of `80%` is a share of); None when neither can be read."""
+    for limit_file, _ in (_CGROUP_V2, _CGROUP_V1):
+        try:
+            raw = limit_file.read_text().strip()
+        except OSError:
+            continue
+        if raw != "max" and raw.isdigit() and int(raw) < _UNLIMITED:
+            return int(raw)
+        break
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

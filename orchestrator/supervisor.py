@@ -198,6 +198,12 @@ class EngineSupervisor:
 
     def stop(self) -> None:
         """Stop the engines (each finishes its batch) and the forkserver; no process left behind."""
+        self.stop_engines()
+        forkserver.stop(self.method)
+
+    def stop_engines(self) -> None:
+        """Stop this model's engines alone (each finishes its batch, then is killed past the grace):
+        the forkserver stays for the other models, an unloaded one's next load included."""
         self._stopping.set()
         self._lost.put(None)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
@@ -205,7 +211,6 @@ class EngineSupervisor:
             if ref is not None and not ref.exited(max(deadline - time.monotonic(), 0.0)):
                 ref.kill()
                 ref.exited(STOP_GRACE_S)
-        forkserver.stop(self.method)
 
     def _start_others(self) -> None:
         for slot in range(1, self.count):

@@ -164,10 +164,12 @@ class RequestContext:
 
 
 class ModelStarting(APIError):
-    """A request names a model still starting: 503, or held until it has started (pipeline.answer)."""
+    """A request names a model still starting (or not loaded): 503, or held until it has started or
+    loaded (pipeline.answer)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(503, f"model '{name}' is starting", code="not_ready", headers={"Retry-After": "1"})
+        self.model = name
 
 
 def overloaded() -> APIError:

@@ -121,6 +121,37 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.model_loads = Counter(
+            "warmpool_model_loads_total",
+            "Models loaded after the start (on demand or asked)",
+            ["model"],
+            registry=registry,
+        )
+        self.model_unloads = Counter(
+            "warmpool_model_unloads_total",
+            "Models unloaded, by why: evicted (room for another), idle (keep_alive), asked (the admin API)",
+            ["model", "reason"],
+            registry=registry,
+        )
+        self.model_evictions = Counter(
+            "warmpool_model_evictions_total",
+            "Models unloaded to make room for another within WARMPOOL_MEMORY_BUDGET",
+            ["model"],
+            registry=registry,
+        )
+        self.load_wait = Histogram(
+            "warmpool_model_load_wait_seconds",
+            "Time requests for a model not loaded waited for its load",
+            ["model"],
+            buckets=SECONDS,
+            registry=registry,
+        )
+        self.resident_bytes = Gauge(
+            "warmpool_model_resident_bytes",
+            "Memory a model holds (its engines' PSS once measured, else its estimate); 0 when unloaded",
+            ["model"],
+            registry=registry,
+        )
         self.disconnects = Counter(
             "warmpool_client_disconnects_total",
             "Requests whose client left before the answer",

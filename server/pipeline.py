@@ -229,10 +229,11 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
             traced["model"] = ctx.model_name
             try:
                 prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
-            except ModelStarting:
-                if not svc.holding():
-                    raise
-                await svc.until_booted()  # its permit held meanwhile: held requests count as admitted
+            except ModelStarting as starting:
+                if not await _woken(svc, ctx, starting):  # a model on demand: its load awaited
+                    if not svc.holding():
+                        raise
+                    await svc.until_booted()  # its permit held meanwhile: held requests count as admitted
                 prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
             timings.submitted = time.perf_counter()
             timings.tokenization_ms = (timings.submitted - arrived) * 1000
@@ -291,8 +292,25 @@ async def answer_without_engine(
         await svc.serving_model()
         raw = await read_body(request, svc)
     with admitted(svc, shape) as ctx:
-        body = await svc.off_loop(respond, raw, ctx)
+        try:
+            body = await svc.off_loop(respond, raw, ctx)
+        except ModelStarting as starting:
+            if not await _woken(svc, ctx, starting):
+                raise
+            body = await svc.off_loop(respond, raw, ctx)
     return json_response(body, timings)
+
+
+async def _woken(svc: Services, ctx: RequestContext, starting: ModelStarting) -> bool:
+    """A request naming a model on demand not loaded: its load awaited (APIError if it cannot
+    serve in time); False for a model that is not loaded on demand."""
+    if svc.loader is None or not svc.loader.wakes(starting.model):
+        return False
+    # The permits are the default model's: an unload making room for this load waits for that
+    # model's requests to finish, this one among them, were they kept.
+    ctx.release()
+    await svc.loader.until_loaded(starting.model)
+    return True
 
 
 async def run_on_engine(
@@ -346,6 +364,7 @@ async def run_on_engine(
         raise APIError(500, f"the engine failed on this batch: {exc}", code="engine_error") from None
     finally:
         timer.cancel()
+    svc.last_used[model.name] = time.time()  # what keep_alive and the least-recently-used choice read
     timings.queue_ms = outcome.queue_ms
     timings.inference_ms = outcome.inference_ms
     svc.metrics.queue_time.labels(model=model.name).observe(outcome.queue_ms / 1000)

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from fastapi import Request
 
@@ -36,6 +36,29 @@ class ServedModel:
     admission: Admission | None = None  # its own permits, with several models; else the server's
 
 
+class ModelLoader(Protocol):
+    """Models loaded and unloaded on demand within the memory budget: the orchestrator installs one
+    (orchestrator/ondemand.py); the server only asks it. Errors leave as APIError."""
+
+    def wakes(self, name: str) -> bool:
+        """A request naming this configured model waits for its load (rather than a 503 at once)."""
+        ...
+
+    async def until_loaded(self, name: str, retry: bool = False) -> None:
+        """Load the model unless it serves (one load however many ask), and wait for it at most
+        WARMPOOL_LOAD_WAIT: 503 with Retry-After past it, 400 for a model larger than the budget.
+        A model whose load failed is tried again only when `retry` (the admin API): else 503."""
+        ...
+
+    async def unload(self, name: str) -> None:
+        """Unload the model (its in-flight requests finish first); nothing when it is not loaded."""
+        ...
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """state (ready, starting, loading, unloading, unloaded, failed), resident, memory_bytes, last_used."""
+        ...
+
+
 @dataclass
 class Services:
     settings: Settings
@@ -51,6 +74,8 @@ class Services:
     # the start is over: every model has started or failed, or the start failed, or the server drains
     booted: asyncio.Event = field(default_factory=asyncio.Event)
     held: int = 0  # requests waiting for the start to end (WARMPOOL_HOLD_DURING_START)
+    loader: ModelLoader | None = None  # set by the orchestrator: models on demand
+    last_used: dict[str, float] = field(default_factory=dict)  # model -> time.time() of its last answer
     admission: Admission = field(init=False)
     metrics: Metrics = field(init=False)
 

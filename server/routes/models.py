@@ -9,7 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from common.modelfolder import ModelFolder
-from server.services import services
+from server.errors import APIError
+from server.services import Services, services
 
 router = APIRouter(tags=["models"])
 _CREATED = int(time.time())
@@ -47,9 +48,12 @@ def model_list(request: Request, owner: str) -> dict[str, object]:
         queued = model.engine.queued_inputs if model else 0
         stats = {"queue_absolute": queued, "batch_size": svc.settings.max_batch_size}
         card |= {"backend": "warmpool", "stats": stats}
+        if svc.loader is not None and name in svc.configured:  # state, resident, memory_bytes, last_used
+            card |= svc.loader.describe(name)
         if model is None:
             failed = svc.startup.for_model(name).failed
-            cards.append({**card, "state": "failed" if failed else "starting", "capabilities": []})
+            state = card.get("state") if card.get("state") not in (None, "ready") else None
+            cards.append({**card, "state": state or ("failed" if failed else "starting"), "capabilities": []})
             continue
         folder = model.folder
         cards.append(
@@ -79,6 +83,34 @@ def _outputs(folder: ModelFolder, allow_pickles: bool) -> dict[str, object]:
     if folder.kind == "embedding":
         return {"outputs": ["dense"], "pooling": folder.pooling}
     return {}
+
+
+@router.post("/admin/models/{name}/load")
+async def load_model(name: str, request: Request) -> JSONResponse:
+    """Load a configured model now (Triton's explicit control): idempotent, answered once it serves
+    (503 past WARMPOOL_LOAD_WAIT, while it goes on loading); a failed model is tried again."""
+    svc = _loader_of(request, name)
+    assert svc.loader is not None
+    await svc.loader.until_loaded(name, retry=True)
+    return JSONResponse({"id": name, **svc.loader.describe(name)})
+
+
+@router.post("/admin/models/{name}/unload")
+async def unload_model(name: str, request: Request) -> JSONResponse:
+    """Unload a resident=auto model once its in-flight requests have finished: idempotent; 409 for a
+    resident=always model and for the last model loaded."""
+    svc = _loader_of(request, name)
+    assert svc.loader is not None
+    await svc.loader.unload(name)
+    return JSONResponse({"id": name, **svc.loader.describe(name)})
+
+
+def _loader_of(request: Request, name: str) -> Services:
+    svc = services(request)
+    if svc.loader is None or name not in svc.configured:
+        served = ", ".join(f"'{n}'" for n in svc.configured)
+        raise APIError(404, f"model '{name}' does not exist; this server serves {served}", code="model_not_found")
+    return svc
 
 
 @router.get("/version")
