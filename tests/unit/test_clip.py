@@ -10,6 +10,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["DO_NOT_TRACK"] = "1"
 
+import io
+import json
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
@@ -104,3 +106,31 @@ def test_engine_reports_both_towers_and_warms_with_an_image(tmp_path: Path, buil
     model = PoolingModel(read_model_folder(build(tmp_path / "m")), threads=1)
     assert set(model.weights["towers"]) == {"text", "vision"}
     assert "image_forward_ms" in model.warm_up().detail
+
+
+def test_sentence_transformers_clip_module_folder_equals_its_encode(tmp_path: Path) -> None:
+    """A sentence-transformers folder whose one module is its (legacy) CLIPModel in 0_CLIPModel, as
+    clip-ViT-B-32 ships, is served as the CLIP folder inside: texts (tokenized as the server does)
+    and images (decoded and preprocessed as the server does) equal SentenceTransformer.encode's."""
+    from PIL import Image
+    from sentence_transformers import SentenceTransformer
+
+    from common.settings import Settings
+    from server import images
+    from server.tokenizer import TokenizerPool
+    from tests.tiny_vision import image_bytes
+
+    root = tmp_path / "st-clip"
+    inner = build_clip(root / "0_CLIPModel")
+    module = {"idx": 0, "name": "0", "path": "0_CLIPModel", "type": "sentence_transformers.models.CLIPModel"}
+    (root / "modules.json").write_text(json.dumps([module]))
+    info = read_model_folder(root)
+    assert info.path == inner and info.vision is not None
+    texts, files = ["the warm pool", "hello world engine"], [image_bytes("PNG", seed=1), image_bytes("JPEG", seed=2)]
+    tokens = TokenizerPool(info.path).encode_batch(list(texts))
+    decoded = [images.decode(f, Settings(), "input") for f in files]
+    pixels = [Tokens([0], pixels=images.preprocess(d, info.vision.steps)) for d in decoded]
+    got = PoolingModel(info, threads=1).forward(tokens + pixels)
+    st = SentenceTransformer(str(root), device="cpu")
+    want = np.concatenate([st.encode(texts), st.encode([Image.open(io.BytesIO(f)) for f in files])])
+    assert float(np.abs(got - want).max()) <= TOLERANCE
