@@ -225,3 +225,24 @@ def test_text_embedder_beside_refuses_images_and_embeds_texts(appliance: ServerP
     body = {"input": [data_url(image_bytes("PNG"))], "modality": "image", "model": "minilm"}
     r = appliance.post("/v1/embeddings", json=body)
     assert r.status_code == 400 and "text only" in r.json()["error"]["message"]
+
+
+def test_rerank_scores_a_text_against_images_and_texts(appliance: ServerProcess, folders: dict[str, Path]) -> None:
+    """/rerank with Jina's {"image": ...} documents beside texts: each document's score is the cosine of
+    its vector and the query's in the shared space, best first."""
+    files = [image_bytes("PNG", seed=11), image_bytes("JPEG", seed=12)]
+    documents = [{"image": data_url(files[0])}, TEXTS[1], {"image": data_url(files[1], "jpeg")}]
+    r = appliance.post("/rerank", json={"model": "clip", "query": TEXTS[0], "documents": documents})
+    assert r.status_code == 200, r.text
+    clip = folders["clip"]
+    query = expected_texts(clip, TEXTS[:1])[0]
+    rows = [
+        expected_images(clip, files[:1])[0],
+        expected_texts(clip, TEXTS[1:])[0],
+        expected_images(clip, files[1:])[0],
+    ]
+    want = [float(np.dot(query, row)) for row in rows]
+    results = r.json()["results"]
+    assert [x["index"] for x in results] == sorted(range(3), key=lambda i: -want[i])
+    np.testing.assert_allclose([want[x["index"]] for x in results], [x["relevance_score"] for x in results], atol=1e-5)
+    assert results[[x["index"] for x in results].index(0)]["document"] == documents[0]
