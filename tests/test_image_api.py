@@ -246,3 +246,11 @@ def test_rerank_scores_a_text_against_images_and_texts(appliance: ServerProcess,
     assert [x["index"] for x in results] == sorted(range(3), key=lambda i: -want[i])
     np.testing.assert_allclose([want[x["index"]] for x in results], [x["relevance_score"] for x in results], atol=1e-5)
     assert results[[x["index"] for x in results].index(0)]["document"] == documents[0]
+
+
+def test_engine_phase_reports_both_towers_built_in_the_forkserver(appliance: ServerProcess) -> None:
+    """The CLIP model's engine phase names its text and image towers, built once in the forkserver
+    (the engines inherit them), and its warm-up ran an image."""
+    engine, warmup = appliance.phase("engine:clip")["detail"], appliance.phase("warmup:clip")["detail"]
+    assert set(engine["towers"]) == {"text", "vision"} and engine["weights"] == "forkserver", engine
+    assert "image_forward_ms" in warmup, warmup
