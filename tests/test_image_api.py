@@ -254,3 +254,13 @@ def test_engine_phase_reports_both_towers_built_in_the_forkserver(appliance: Ser
     engine, warmup = appliance.phase("engine:clip")["detail"], appliance.phase("warmup:clip")["detail"]
     assert set(engine["towers"]) == {"text", "vision"} and engine["weights"] == "forkserver", engine
     assert "image_forward_ms" in warmup, warmup
+
+
+def test_siglip_score_between_texts_is_the_cosine_of_padded_texts(
+    siglip_server: ServerProcess, folders: dict[str, Path]
+) -> None:
+    """/score on a SigLIP model: the cosine of the two texts' vectors, each padded as its processor pads."""
+    r = siglip_server.post("/score", json={"text_1": TEXTS[0], "text_2": TEXTS})
+    assert r.status_code == 200, r.text
+    want = expected_texts(folders["siglip"], TEXTS)
+    np.testing.assert_allclose([d["score"] for d in r.json()["data"]], want @ want[0], atol=1e-5)

@@ -59,6 +59,11 @@ def tokenize_pairs(
     tokenized again against each document."""
     if ctx.folder.kind == "multi-vector":
         return _late_pairs(lefts, rights, ctx, truncate, fields, direction)
+    if ctx.folder.vision is not None:  # a CLIP or SigLIP model's texts: each once, as /v1/embeddings encodes them
+        unique = list(dict.fromkeys([*lefts, *rights]))
+        at = {text: i for i, text in enumerate(unique)}
+        tokens = multimodal.encode([("text", t) for t in unique], ctx, fields[1], truncate)
+        return tokens, Pairs(len(lefts), False, [at[t] for t in lefts], [at[t] for t in rights])
     if ctx.folder.idf is not None and static_queries:  # queries by their tokens' static weights, documents by the model
         queries = list(dict.fromkeys(lefts))
         static = static_sparse.rows(queries, ctx, fields[0]).rows
