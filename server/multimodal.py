@@ -6,8 +6,8 @@
 - Cohere's `images` (data: URLs) and `inputs` (one vector per input's content parts) on /v2/embed.
 
 An image is a data: URL, base64, or (WARMPOOL_IMAGE_URLS=allowlist) an http(s) URL: server/images.py.
-SigLIP's texts are padded to the full length with its pad token, as its processor pads them (its text
-tower pools the last position, padding included).
+SigLIP's texts are padded to the full length with its pad token, as its processor pads them
+(inputs.tokenize_inputs, for every route: its text tower pools the last position, padding included).
 """
 
 from __future__ import annotations
@@ -144,20 +144,14 @@ def encode(items: list[Item], ctx: RequestContext, field: str, truncate: int | N
     out: list[Tokens | None] = [None] * len(items)
     texts = [(i, source) for i, (kind, source) in enumerate(items) if kind == "text"]
     if texts:
-        tokens = inputs.tokenize_inputs([t for _, t in texts], ctx, truncate, field)
+        tokens = inputs.tokenize_inputs([t for _, t in texts], ctx, truncate, field)  # SigLIP's padded there
         for (i, _), tok in zip(texts, tokens, strict=True):
-            out[i] = padded(tok, vision)
+            out[i] = tok
     for i, (kind, source) in enumerate(items):
         if kind == "image":
             where = f"{field}[{i}]" if len(items) > 1 else field
             out[i] = images.image_tokens([source], vision, ctx.settings, where)[0]
     return [t for t in out if t is not None]
-
-
-def padded(tokens: Tokens, vision: Vision) -> Tokens:
-    if vision.text_pad_to is None or len(tokens.input_ids) >= vision.text_pad_to:
-        return tokens
-    return Tokens(tokens.input_ids + [vision.text_pad_id] * (vision.text_pad_to - len(tokens.input_ids)))
 
 
 def vectors(prep: Prepared[Any], outcome: Outcome, ctx: RequestContext, dimensions: int | None) -> Any:

@@ -264,3 +264,10 @@ def test_siglip_score_between_texts_is_the_cosine_of_padded_texts(
     assert r.status_code == 200, r.text
     want = expected_texts(folders["siglip"], TEXTS)
     np.testing.assert_allclose([d["score"] for d in r.json()["data"]], want @ want[0], atol=1e-5)
+
+
+def test_siglip_tei_embed_pads_texts_too(siglip_server: ServerProcess, folders: dict[str, Path]) -> None:
+    """TEI's /embed on a SigLIP model pads its texts as /v1/embeddings does: the same vectors."""
+    r = siglip_server.post("/embed", json={"inputs": TEXTS})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json(), expected_texts(folders["siglip"], TEXTS), atol=1e-5, rtol=0)
