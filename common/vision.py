@@ -60,8 +60,15 @@ class Vision:
         return (self.image_size // self.patch_size) ** 2 + (1 if self.family == "clip" else 0)
 
 
+# dual encoders recognised but not served: refused by name rather than served wrong as a text model
+UNSERVED = {
+    "siglip2": "SigLIP 2's NaFlex (variable resolution) towers are not served; its fixed-resolution checkpoints "
+    "(SiglipModel folders) are",
+}
+
+
 def is_dual_encoder(config: dict[str, Any]) -> bool:
-    return str(config.get("model_type")) in DUAL_ENCODERS
+    return str(config.get("model_type")) in {*DUAL_ENCODERS, *UNSERVED}
 
 
 def clip_module(path: Path, modules: list[dict[str, Any]]) -> Path | None:
@@ -76,6 +83,8 @@ def clip_module(path: Path, modules: list[dict[str, Any]]) -> Path | None:
 
 def read_vision(path: Path, config: dict[str, Any]) -> Vision:
     """The folder's towers and preprocessing; VisionError for what the native towers do not compute."""
+    if str(config.get("model_type")) in UNSERVED:
+        raise VisionError(f"{path}: {UNSERVED[str(config.get('model_type'))]}")
     family: Family = "clip" if config.get("model_type") == "clip" else "siglip"
     architecture = (config.get("architectures") or [DUAL_ENCODERS[family]])[0]
     if architecture != DUAL_ENCODERS[family]:

@@ -100,6 +100,15 @@ def test_folder_reads_as_a_native_dual_encoder(tmp_path: Path) -> None:
     assert info.vision is not None and info.vision.positions == (32 // 8) ** 2 + 1
 
 
+def test_siglip2_naflex_folder_is_refused_by_name(tmp_path: Path) -> None:
+    """A SigLIP 2 NaFlex folder (model_type siglip2) fails with a reason, not served as a text model."""
+    from common.modelfolder import ModelError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "siglip2", "architectures": ["Siglip2Model"]}))
+    with pytest.raises(ModelError, match="NaFlex"):
+        read_model_folder(tmp_path)
+
+
 @pytest.mark.parametrize("build", [build_clip, build_siglip])
 def test_engine_reports_both_towers_and_warms_with_an_image(tmp_path: Path, build: Any) -> None:
     """The engine phase's detail names both towers; warm-up runs one image through the image tower."""
