@@ -19,6 +19,7 @@ from common.late_interaction import (
 from common.m3 import M3Heads, read_m3
 from common.native import Kind, native_model
 from common.splade import Routed, Splade, SpladeError, read_router, read_splade
+from common.vision import Vision, VisionError, clip_module, dimensions, is_dual_encoder, read_vision, text_length
 
 PoolingMode = Literal["mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len_tokens"]
 
@@ -79,6 +80,7 @@ class ModelFolder:
     # an inference-free sparse model's query weights (a Router's SparseStaticEmbedding): a query is
     # the weights of its tokens, no forward; `path` is then the Router's document encoder
     idf: Path | None = None
+    vision: Vision | None = None  # a CLIP or SigLIP model: texts and images into one space (common.vision)
 
     @property
     def dimensions(self) -> int:
@@ -129,7 +131,11 @@ def read_model_folder(path: Path) -> ModelFolder:
 def _read(path: Path) -> ModelFolder:
     if not path.is_dir():
         raise ModelError(f"model folder not found: {path}")
-    routed = _router(path, _read_json(path / "modules.json", list_key="modules").get("modules", []))
+    top_modules = _read_json(path / "modules.json", list_key="modules").get("modules", [])
+    wrapped = clip_module(path, top_modules)
+    if wrapped is not None:  # sentence-transformers' CLIPModel module: the CLIP folder it wraps is the model
+        return _read(wrapped)
+    routed = _router(path, top_modules)
     if routed is not None:  # the Router's document encoder is the model; the root has no config.json
         encoder = _read(routed.encoder)
         pooled = read_splade(_read_json(routed.pooling / "config.json"), routed.pooling)
@@ -146,6 +152,8 @@ def _read(path: Path) -> ModelFolder:
         value = config.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ModelError(f"'{key}' in {path / 'config.json'} must be a non-negative integer, got {value!r}")
+    if is_dual_encoder(config):
+        return _dual_encoder(path, config)
     architectures = config.get("architectures") or ["AutoModel"]
     if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
         raise ModelError(f"'architectures' in {path / 'config.json'} must be a list of class names")
@@ -201,6 +209,30 @@ def _read(path: Path) -> ModelFolder:
     )
 
 
+def _dual_encoder(path: Path, config: dict[str, Any]) -> ModelFolder:
+    """A CLIP or SigLIP folder: one vector per text or image, normalised (the models compare them by
+    cosine: their forward normalises both before the logit)."""
+    try:
+        vision = read_vision(path, config)
+    except VisionError as exc:
+        raise ModelError(str(exc)) from exc
+    prompts, default_prompt_name = read_prompts(path)
+    return ModelFolder(
+        path=path,
+        kind="embedding",
+        architecture=(config.get("architectures") or [""])[0],
+        max_model_len=text_length(config),
+        hidden_size=dimensions(config),
+        vocab_size=int((config.get("text_config") or {}).get("vocab_size") or 0),
+        normalize=True,
+        native=native_model(config, "embedding", safetensors_weights(path)),
+        config=config,
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+        vision=vision,
+    )
+
+
 def read_prompts(path: Path) -> tuple[dict[str, str], str | None]:
     """`prompts` and `default_prompt_name` from config_sentence_transformers.json, checked as
     sentence-transformers checks them (a default must name one of the prompts)."""
@@ -216,7 +248,13 @@ def read_prompts(path: Path) -> tuple[dict[str, str], str | None]:
 
 
 # What the HTTP process reads of a folder, in the order it reads them (the tokenizer last).
-_CONFIG_FILES = ("config.json", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+_CONFIG_FILES = (
+    "config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "preprocessor_config.json",  # a CLIP or SigLIP folder's image preprocessing
+)
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
@@ -231,6 +269,9 @@ def files_to_load(path: Path) -> list[Path]:
         routed = _router(path, modules)
     except ModelError:
         modules, routed = [], None
+    wrapped = clip_module(path, modules)
+    if wrapped is not None:
+        return [path / "modules.json", *files_to_load(wrapped)]
     if routed is not None:
         configs = [path / n for n in ("modules.json", "router_config.json", routed.pooling / "config.json")]
         idf = [] if routed.idf is None else [routed.idf]

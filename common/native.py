@@ -43,6 +43,9 @@ NOMIC_SWITCHES: dict[str, Any] = {
 # Qwen3-Embedding (its config names Qwen3ForCausalLM, its weights are Qwen3Model's) and, as a "classifier",
 # a Qwen3ForCausalLM folder that common.causal_reranker makes a yes/no reranker
 NATIVE_FAMILIES["qwen3"] = (frozenset({"Qwen3Model", "Qwen3ForCausalLM"}), frozenset({"Qwen3ForCausalLM"}))
+# CLIP and SigLIP (engine.clip): both towers and their projections (common.vision reads the rest)
+NATIVE_FAMILIES["clip"] = (frozenset({"CLIPModel"}), frozenset())
+NATIVE_FAMILIES["siglip"] = (frozenset({"SiglipModel"}), frozenset())
 # Masked-LM architectures a native family serves with SPLADE pooling (engine.sparse): BERT's head.
 SPARSE_NATIVE: dict[str, frozenset[str]] = {"bert": frozenset({"BertForMaskedLM"})}
 # What a family's config must say besides for its native module to compute what transformers does.

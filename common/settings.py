@@ -118,6 +118,32 @@ class Settings(BaseSettings):
         description="What one answer of per-token or sparse output (/embed_all vectors, TEI /tokenize spans, "
         "SPLADE weights) may take, in bytes, estimated before the work (400 past it).",
     )
+    max_image_bytes: int = Field(
+        20_000_000,
+        ge=1024,
+        description="An image input's encoded size, in bytes (CLIP/SigLIP models; 400 past it), whatever the "
+        "body limit.",
+    )
+    max_image_pixels: int = Field(
+        40_000_000,
+        ge=1,
+        description="An image's width x height, read from its header before it is decoded (400 past it: a "
+        "decompression bomb is refused, never decoded).",
+    )
+    image_urls: Literal["off", "allowlist"] = Field(
+        "off",
+        description="Image inputs given as http(s) URLs: off (400; data: URLs and base64 only), or fetched from "
+        "the hosts WARMPOOL_IMAGE_URL_ALLOWLIST names.",
+    )
+    image_url_allowlist: str | None = Field(
+        None,
+        description="Hosts image URLs may name (comma-separated, exact names); a loopback, link-local or private "
+        "address is fetched only from a host named here.",
+    )
+    image_url_timeout: float = Field(
+        10.0, gt=0, description="Seconds one image URL's fetch may take, redirects included."
+    )
+    image_url_redirects: int = Field(3, ge=0, le=10, description="Redirects an image URL may take, each checked again.")
 
     engines: int | None = Field(
         None,

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from engine import bert, gemma3, modernbert, mpnet, nomic_gte, qwen3, xlm_roberta
+from engine import bert, clip, gemma3, modernbert, mpnet, nomic_gte, qwen3, xlm_roberta
 
 
 class Loader(Protocol):
@@ -32,6 +32,8 @@ LOADERS: dict[str, Loader] = {
     "nomic_bert": nomic_gte.load,
     "gte": nomic_gte.load,
     "qwen3": qwen3.load,
+    "clip": clip.load,
+    "siglip": clip.load,
 }
 
 

@@ -10,7 +10,7 @@ import torch
 
 from common.modelfolder import ModelError, ModelFolder
 from common.wire import Tokens
-from engine import dense, int8, m3, multivector, preloaded, rows, sparse
+from engine import clip, dense, int8, m3, multivector, preloaded, rows, sparse
 from engine.device import Placement
 from engine.packed import Packed
 from engine.pooling import pool, pool_packed
@@ -39,6 +39,8 @@ class PoolingModel:
                 int8.quantize(self.model)
             rows.bucket(self.model, device, dtype)
         self.weights.update(int8.describe(self.model))
+        if isinstance(self.model, clip.DualEncoder):  # the engine phase reports both towers
+            self.weights["towers"] = self.model.towers
         # after the pooling; a ColBERT's project every token (in the native model itself, engine/multivector.py)
         projects = info.kind == "embedding" or (info.kind == "multi-vector" and not info.native)
         self.dense = dense.load(info.dense, device, dtype) if projects else None
@@ -60,6 +62,8 @@ class PoolingModel:
     @torch.inference_mode()
     def forward(self, items: list[Tokens]) -> np.ndarray:
         """One forward pass; rows in the order of items, float32."""
+        if isinstance(self.model, clip.DualEncoder):  # texts and images: each through its tower
+            return clip.embed(self.model, items, self.placement.device)
         if self.info.native:
             packed = Packed.of(items).to(self.placement.device)
             out = self._run(packed)
@@ -134,7 +138,10 @@ class PoolingModel:
         (engine/warmup.py): the batcher weighs the per-call overhead against padding when it splits
         a padded batch, and the cost per token sizes the stall watchdog's default timeout."""
         forward = self.forward_tokens if self.info.kind == "multi-vector" else self.forward
-        return warm_up(forward, self.model, self.pad_id + 1, self.placement.device)
+        warmup = warm_up(forward, self.model, self.pad_id + 1, self.placement.device)
+        if self.info.vision is not None:  # and the image tower, with one image
+            warmup.detail["image_forward_ms"] = clip.warm_image(self.model, self.info.vision.positions)
+        return warmup
 
 
 def _transformers_model(info: ModelFolder, device: torch.device, dtype: torch.dtype) -> Any:

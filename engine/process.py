@@ -105,8 +105,9 @@ def _compile(conn: Connection, model: PoolingModel, spec: EngineSpec) -> tuple[C
     is none, None and why not. Under WARMPOOL_COMPILE=required, finished: the engine is not ready before."""
     if spec.compile == "off":
         return None, {"mode": "eager", "reason": "WARMPOOL_COMPILE=off"}
-    if not model.packed or model.placement.device.type != "cpu" or spec.compile_cache is None:
-        reason = "compiled engines are for native families on the CPU"
+    text_only = model.info.vision is None  # the compiled graph is a text forward: a CLIP's towers run eager
+    if not model.packed or not text_only or model.placement.device.type != "cpu" or spec.compile_cache is None:
+        reason = "compiled engines are for native text families on the CPU"
         if spec.compile == "required":
             raise ModelError(f"WARMPOOL_COMPILE=required, but {reason} (this one: {_kind(model)})")
         return None, {"mode": "eager", "reason": reason}

@@ -57,6 +57,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "drain_timeout",
         "fail_linger",
     ),
+    "images": (
+        "max_image_bytes",
+        "max_image_pixels",
+        "image_urls",
+        "image_url_allowlist",
+        "image_url_timeout",
+        "image_url_redirects",
+    ),
     "security": ("api_key", "api_key_file"),
     "logging and tracing": ("log_level", "log_format", "otlp_endpoint", "otlp_protocol", "otlp_service_name"),
 }

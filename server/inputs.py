@@ -217,6 +217,10 @@ def tokenize_inputs(
         tokens = [Tokens(_cut(_checked_ids(ids, i, vocab, field), limit, direction)) for i, ids in enumerate(texts)]
     for i, tok in enumerate(tokens):
         check_length(len(tok.input_ids), info, f"{field}[{i}]" if len(tokens) > 1 else field)
+    pad_to = info.vision.text_pad_to if info.vision is not None else None
+    if pad_to:  # SigLIP: padded to its full length as its processor pads (its text tower pools the last position)
+        pad = [info.vision.text_pad_id] if info.vision is not None else []
+        tokens = [Tokens(t.input_ids + pad * (pad_to - len(t.input_ids))) for t in tokens]
     return tokens
 
 

@@ -142,11 +142,18 @@ class DocumentText(Part):
     text: StrictStr
 
 
+class DocumentImage(Part):
+    """Jina's multimodal rerank document: an image (a data: URL, base64, or an allowlisted URL), for a
+    CLIP or SigLIP model."""
+
+    image: StrictStr
+
+
 class RerankRequest(Body):
     """Jina/Cohere shape (`documents`), or TEI's (`texts`, answered in TEI's shape)."""
 
     query: StrictStr
-    documents: list[StrictStr | DocumentText] | None = None
+    documents: list[StrictStr | DocumentText | DocumentImage] | None = None
     texts: list[StrictStr] | None = None
     top_n: int | None = None
     return_documents: bool = True

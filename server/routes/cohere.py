@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import chunking, inputs, outputs
+from server import chunking, inputs, multimodal, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer
@@ -32,9 +32,16 @@ def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[CohereEmbedReques
     body = inputs.parse(CohereEmbedRequest, raw)
     ctx.select_model(body.model)
     ctx.require("/v2/embed", "embedding")
+    if ctx.folder.vision is not None:  # a CLIP or SigLIP model: texts, images or both kinds of inputs
+        check_dimensions(body.output_dimension, ctx)
+        items, field = multimodal.cohere_items(body.texts, body.images, body.inputs)
+        limit = None if body.truncate == "NONE" else min(body.max_tokens or -1, ctx.folder.max_model_len)
+        return Prepared(body, multimodal.encode(items, ctx, field, limit))
     if body.texts is None:
         field = "images" if body.images is not None else "inputs" if body.inputs is not None else "texts"
-        raise inputs.bad_request("'texts' is required: this model embeds text only", field)
+        raise inputs.bad_request(
+            "'texts' is required: this model embeds text only (images need a CLIP or SigLIP model)", field
+        )
     check_dimensions(body.output_dimension, ctx)
     truncate = None
     if body.truncate != "NONE":

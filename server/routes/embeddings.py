@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import chunking, hybrid, inputs, late_chunking, late_interaction, outputs, static_sparse
+from server import chunking, hybrid, inputs, late_chunking, late_interaction, multimodal, outputs, static_sparse
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
@@ -23,9 +25,13 @@ def check_dimensions(dimensions: int | None, ctx: RequestContext) -> None:
         )
 
 
-def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[EmbeddingRequest]:
+def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[Any]:
+    if multimodal.names_images(raw):  # vLLM's messages, Infinity's modality
+        return multimodal.prepare(raw, ctx)
     body = inputs.parse(EmbeddingRequest, raw)
     ctx.select_model(body.model)
+    if ctx.folder.vision is not None:  # a CLIP or SigLIP model's texts (SigLIP's padded)
+        return multimodal.prepare(raw, ctx)
     ctx.require("/v1/embeddings", "embedding", "sparse")
     check_dimensions(body.dimensions, ctx)
     sparse.check_sparse_options(body, ctx)
@@ -57,7 +63,9 @@ def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[EmbeddingReq
     return Prepared(body, tokens, windows)
 
 
-def render_embeddings(prep: Prepared[EmbeddingRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+def render_embeddings(prep: Prepared[Any], outcome: Outcome, ctx: RequestContext) -> bytes:
+    if isinstance(prep.body, multimodal.MultimodalRequest):
+        return multimodal.render(prep, outcome, ctx)
     body = prep.body
     if prep.tokens and prep.tokens[0].outputs:  # bge-m3's outputs, of each input or (chunked) each window
         data = [

@@ -26,6 +26,11 @@ _CAPABILITIES = {
 }
 
 
+def input_modalities(folder: ModelFolder) -> list[str]:
+    """What a model's inputs may be: text, and images for a CLIP or SigLIP model (server/multimodal.py)."""
+    return ["text", "image"] if folder.vision is not None else ["text"]
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     """Every configured model: the ready ones with their kind and limits, the others with their state;
@@ -65,6 +70,7 @@ def model_list(request: Request, owner: str) -> dict[str, object]:
                 "max_model_len": folder.max_model_len,
                 "dimensions": folder.dimensions,
                 "capabilities": _CAPABILITIES.get(folder.kind, []),
+                "input_modalities": input_modalities(folder),
                 **_outputs(folder, svc.settings.allow_bin_weights == "on"),
             }
         )
@@ -78,6 +84,8 @@ def _outputs(folder: ModelFolder, allow_pickles: bool) -> dict[str, object]:
         return {"outputs": ["sparse"], "pooling": "splade"}
     if folder.kind == "multi-vector":
         return {"outputs": ["multi_vector"], "pooling": "none", "similarity": "maxsim"}
+    if folder.vision is not None:  # each tower's own pooling, into the shared space
+        return {"outputs": ["dense"], "pooling": folder.vision.family}
     if folder.kind == "embedding" and folder.m3 is not None and (allow_pickles or not folder.m3.pickled):
         return {"outputs": ["dense", "sparse", "multi_vector"], "pooling": folder.pooling}  # bge-m3's heads
     if folder.kind == "embedding":

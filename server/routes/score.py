@@ -18,11 +18,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from common.wire import Tokens
-from server import inputs, late_interaction, outputs, static_sparse
+from server import inputs, late_interaction, multimodal, outputs, static_sparse
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
-from server.protocol import DocumentText, RerankRequest, ScoreRequest, openapi_body
+from server.protocol import DocumentImage, DocumentText, RerankRequest, ScoreRequest, openapi_body
 from server.routes import sparse
 from server.tokenizer import Direction
 
@@ -59,6 +59,11 @@ def tokenize_pairs(
     tokenized again against each document."""
     if ctx.folder.kind == "multi-vector":
         return _late_pairs(lefts, rights, ctx, truncate, fields, direction)
+    if ctx.folder.vision is not None:  # a CLIP or SigLIP model's texts: each once, as /v1/embeddings encodes them
+        unique = list(dict.fromkeys([*lefts, *rights]))
+        at = {text: i for i, text in enumerate(unique)}
+        tokens = multimodal.encode([("text", t) for t in unique], ctx, fields[1], truncate)
+        return tokens, Pairs(len(lefts), False, [at[t] for t in lefts], [at[t] for t in rights])
     if ctx.folder.idf is not None and static_queries:  # queries by their tokens' static weights, documents by the model
         queries = list(dict.fromkeys(lefts))
         static = static_sparse.rows(queries, ctx, fields[0]).rows
@@ -181,12 +186,34 @@ def prepare_rerank(raw: bytes, ctx: RequestContext) -> Prepared[RerankRequest]:
         raise inputs.bad_request(f"'{field}' must not be empty", field)
     if body.top_n is not None and body.top_n <= 0:
         raise inputs.bad_request(f"top_n must be a positive integer, got {body.top_n}", "top_n")
-    documents = [d.text if isinstance(d, DocumentText) else d for d in given]
     truncate = -1 if body.truncate else body.truncate_prompt_tokens
+    if ctx.folder.vision is not None or any(isinstance(d, DocumentImage) for d in given):
+        return _rerank_images(body, given, ctx, field, truncate, tei)
+    documents: list[Any] = [d.text if isinstance(d, DocumentText) else d for d in given]
     tokens, pairs = tokenize_pairs(
         [body.query] * len(documents), documents, ctx, truncate, ("query", field), body.truncation_direction
     )
     return Prepared(body, tokens, (pairs, documents, tei))
+
+
+def _rerank_images(
+    body: RerankRequest, given: list[Any], ctx: RequestContext, field: str, truncate: int | None, tei: bool
+) -> Prepared[RerankRequest]:
+    """A text query against texts and images (Jina's {"image": ...} documents), on a CLIP or SigLIP
+    model: the cosine of the query's vector and each document's, in the shared space."""
+    ctx.admit(len(given) + 1, field)  # the query too: the encodes below are covered by these permits
+    items: list[multimodal.Item] = [
+        ("image", d.image) if isinstance(d, DocumentImage) else ("text", d.text if isinstance(d, DocumentText) else d)
+        for d in given
+    ]
+    tokens = multimodal.encode([("text", body.query)], ctx, "query", truncate)
+    tokens += multimodal.encode(items, ctx, field, truncate)
+    pairs = Pairs(len(given), False, [0] * len(given), list(range(1, len(given) + 1)))
+    return Prepared(
+        body,
+        tokens,
+        (pairs, [d if isinstance(d, DocumentImage) else s for d, (_, s) in zip(given, items, strict=True)], tei),
+    )
 
 
 def ranked(prep: Prepared[RerankRequest], vectors: np.ndarray, ctx: RequestContext) -> tuple[np.ndarray, list[int]]:
@@ -210,7 +237,10 @@ def render_rerank(prep: Prepared[RerankRequest], outcome: Outcome, ctx: RequestC
     for i in order:
         result: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
         if prep.body.return_documents:
-            result["document"] = {"text": documents[i]}
+            document = documents[i]
+            result["document"] = (
+                {"image": document.image} if isinstance(document, DocumentImage) else {"text": document}
+            )
         results.append(result)
     return outputs.to_json(
         {

@@ -32,6 +32,7 @@ from server.protocol_tei import (
 from server.routes import score, sparse
 from server.routes.classify import CLASSIFIERS, label
 from server.routes.embeddings import check_dimensions
+from server.routes.models import input_modalities
 from server.services import services
 from server.tokenizer import TextOrPair
 
@@ -234,6 +235,7 @@ def info(request: Request) -> dict[str, Any]:
         "sha": None,
         "docker_label": None,
         "prompts": sorted(folder.prompts),
+        "input_modalities": input_modalities(folder),
     }
 
 

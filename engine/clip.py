@@ -1,0 +1,277 @@
+"""CLIP and SigLIP in plain torch: a text tower on the packed layout and an image tower batched by
+image, each ending in the shared space (common.vision reads the folder).
+
+Module names mirror transformers' CLIPModel and SiglipModel, so their checkpoints load by name. Both
+towers are pre-LayerNorm transformers with the same layer (layer_norm1, self_attn, layer_norm2, mlp):
+- CLIP's text tower is causal and pools the first end-of-text token (the highest id, for configs from
+  before eos_token_id was set right), then text_projection; its image tower prepends a class token,
+  runs pre_layrnorm, pools the class token through post_layernorm, then visual_projection.
+- SigLIP's text tower is bidirectional and pools the last token (its texts come padded to the full
+  length, server side) through its `head`; its image tower has no class token: post_layernorm, then
+  an attention-pooling head (one learned probe attending to every patch, torch's MultiheadAttention).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.wire import Tokens
+from engine.layers import ACTIVATIONS, attend, load_checkpoint, stacked
+from engine.packed import Packed
+
+# CLIP's activation besides the shared ones (transformers' QuickGELUActivation)
+TOWER_ACTIVATIONS = {**ACTIVATIONS, "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x)}
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj, self.v_proj = (
+            nn.Linear(hidden, hidden),
+            nn.Linear(hidden, hidden),
+            nn.Linear(hidden, hidden),
+        )
+        self.out_proj = nn.Linear(hidden, hidden)
+
+    def fuse(self) -> None:
+        """One GEMM for q, k and v (engine/layers.py's stacked), built once in the forkserver."""
+        self.qkv = stacked(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def forward(self, x: torch.Tensor, p: Packed | None, causal: bool) -> torch.Tensor:
+        """Packed text [T, H] attends per input (layers.attend); images [B, N, H] all at once: every
+        image has the same number of patches, so there is no padding to skip."""
+        size = x.shape[-1] // self.heads
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        if p is not None:
+            qh, kh, vh = (t.reshape(-1, self.heads, size) for t in (q, k, v))
+            return self.out_proj(attend(qh, kh, vh, p, causal=causal))  # type: ignore[no-any-return]
+        batch, n, hidden = x.shape
+        q, k, v = (t.view(batch, n, self.heads, size).transpose(1, 2) for t in (q, k, v))
+        context = F.scaled_dot_product_attention(q, k, v)
+        return self.out_proj(context.transpose(1, 2).reshape(batch, n, hidden))  # type: ignore[no-any-return]
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inner: int, act: str) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(hidden, inner), nn.Linear(inner, hidden)
+        self.act = TOWER_ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))  # type: ignore[no-any-return]
+
+
+class Layer(nn.Module):
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        hidden, eps = c["hidden_size"], c.get("layer_norm_eps", 1e-5)
+        self.layer_norm1, self.layer_norm2 = nn.LayerNorm(hidden, eps=eps), nn.LayerNorm(hidden, eps=eps)
+        self.self_attn = Attention(hidden, c["num_attention_heads"])
+        self.mlp = MLP(hidden, c["intermediate_size"], c["hidden_act"])
+
+    def forward(self, x: torch.Tensor, p: Packed | None = None, causal: bool = False) -> torch.Tensor:
+        x = x + self.self_attn(self.layer_norm1(x), p, causal)
+        return x + self.mlp(self.layer_norm2(x))  # type: ignore[no-any-return]
+
+
+class Encoder(nn.Module):
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c["num_hidden_layers"]))
+
+
+class TextEmbeddings(nn.Module):
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        self.token_embedding = nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.position_embedding = nn.Embedding(c["max_position_embeddings"], c["hidden_size"])
+
+
+class TextTower(nn.Module):
+    def __init__(self, c: dict[str, Any], family: str, eos: int, projection: int | None) -> None:
+        super().__init__()
+        self.embeddings, self.encoder = TextEmbeddings(c), Encoder(c)
+        self.final_layer_norm = nn.LayerNorm(c["hidden_size"], eps=c.get("layer_norm_eps", 1e-5))
+        self.family, self.eos = family, eos
+        if projection is not None:  # SigLIP's head; CLIP's projection sits beside the tower
+            self.head = nn.Linear(c["hidden_size"], projection)
+
+    def forward(self, p: Packed) -> torch.Tensor:
+        """The pooled text [B, H] (SigLIP: through its head)."""
+        x = self.embeddings.token_embedding(p.ids) + self.embeddings.position_embedding(p.positions)
+        for layer in self.encoder.layers:
+            x = layer(x, p, causal=self.family == "clip")
+        x = self.final_layer_norm(x)
+        if self.family == "siglip":
+            return self.head(x[p.starts + p.lengths - 1])  # type: ignore[no-any-return]
+        return x[self._eos_rows(p)]
+
+    def _eos_rows(self, p: Packed) -> torch.Tensor:
+        """Each input's end-of-text token, as transformers' CLIPTextTransformer finds it: the first
+        occurrence of eos_token_id (its first token where there is none), or, where the config says
+        2 (older folders), the first occurrence of the highest id."""
+        rows = []
+        for start, length in p.spans:
+            ids = p.ids[start : start + length]
+            rows.append(start + int((ids if self.eos == 2 else (ids == self.eos).int()).argmax()))
+        return torch.tensor(rows, dtype=torch.long, device=p.ids.device)
+
+
+class VisionEmbeddings(nn.Module):
+    def __init__(self, c: dict[str, Any], family: str) -> None:
+        super().__init__()
+        hidden, patch = c["hidden_size"], c["patch_size"]
+        clip = family == "clip"
+        self.patch_embedding = nn.Conv2d(c.get("num_channels", 3), hidden, patch, stride=patch, bias=not clip)
+        positions = (c["image_size"] // patch) ** 2 + (1 if clip else 0)
+        self.position_embedding = nn.Embedding(positions, hidden)
+        if clip:
+            self.class_embedding = nn.Parameter(torch.empty(hidden))
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embedding(pixels.to(self.patch_embedding.weight.dtype)).flatten(2).transpose(1, 2)
+        if hasattr(self, "class_embedding"):
+            x = torch.cat([self.class_embedding.expand(x.shape[0], 1, -1), x], dim=1)
+        return x + self.position_embedding.weight  # type: ignore[no-any-return]
+
+
+class PoolingHead(nn.Module):
+    """SigLIP's attention pooling: a learned probe attends to every patch, then a residual MLP."""
+
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        hidden = c["hidden_size"]
+        self.probe = nn.Parameter(torch.empty(1, 1, hidden))
+        self.attention = nn.MultiheadAttention(hidden, c["num_attention_heads"], batch_first=True)
+        self.layernorm = nn.LayerNorm(hidden, eps=c.get("layer_norm_eps", 1e-6))
+        self.mlp = MLP(hidden, c["intermediate_size"], c["hidden_act"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.attention(self.probe.expand(x.shape[0], -1, -1), x, x, need_weights=False)[0]
+        return (h + self.mlp(self.layernorm(h)))[:, 0]  # type: ignore[no-any-return]
+
+
+class VisionTower(nn.Module):
+    def __init__(self, c: dict[str, Any], family: str) -> None:
+        super().__init__()
+        eps = c.get("layer_norm_eps", 1e-5)
+        self.embeddings, self.encoder = VisionEmbeddings(c, family), Encoder(c)
+        if family == "clip":
+            self.pre_layrnorm = nn.LayerNorm(c["hidden_size"], eps=eps)  # sic: transformers' name
+        self.post_layernorm = nn.LayerNorm(c["hidden_size"], eps=eps)
+        if family == "siglip":
+            self.head = PoolingHead(c)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Images [B, 3, S, S] -> pooled [B, H] (SigLIP: through its head)."""
+        x = self.embeddings(pixels)
+        if hasattr(self, "pre_layrnorm"):
+            x = self.pre_layrnorm(x)
+        for layer in self.encoder.layers:
+            x = layer(x)
+        if hasattr(self, "head"):
+            return self.head(self.post_layernorm(x))  # type: ignore[no-any-return]
+        return self.post_layernorm(x[:, 0])  # type: ignore[no-any-return]
+
+
+def _tower_config(config: dict[str, Any], side: str, family: str) -> dict[str, Any]:
+    """A tower's config with transformers' defaults for the keys its saved config leaves out."""
+    defaults: dict[str, Any] = {"hidden_act": "quick_gelu" if family == "clip" else "gelu_pytorch_tanh"}
+    if side == "vision":
+        defaults.update(image_size=224, patch_size=32 if family == "clip" else 16)
+    else:
+        defaults.update(max_position_embeddings=77 if family == "clip" else 64)
+    return {**defaults, **(config.get(f"{side}_config") or {})}
+
+
+class DualEncoder(nn.Module):
+    """Both towers and CLIP's projections: text() on a packed batch, images() on pixels."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        family = self.family = str(config["model_type"])
+        text, vision = _tower_config(config, "text", family), _tower_config(config, "vision", family)
+        projection = None if family == "clip" else int(text.get("projection_size") or text["hidden_size"])
+        self.text_model = TextTower(text, family, int(text.get("eos_token_id", 2)), projection)
+        self.vision_model = VisionTower(vision, family)
+        if family == "clip":
+            dims = int(config.get("projection_dim", 512))
+            self.text_projection = nn.Linear(text["hidden_size"], dims, bias=False)
+            self.visual_projection = nn.Linear(vision["hidden_size"], dims, bias=False)
+        self.image_size = int(vision["image_size"])
+        self.towers = {
+            "text": f"{text['num_hidden_layers']} layers x {text['hidden_size']}",
+            "vision": f"{vision['num_hidden_layers']} layers x {vision['hidden_size']}, "
+            f"{self.image_size}px in {vision['patch_size']}px patches",
+        }
+
+    def text(self, p: Packed) -> torch.Tensor:
+        pooled = self.text_model(p)
+        return self.text_projection(pooled) if self.family == "clip" else pooled  # type: ignore[no-any-return]
+
+    def images(self, pixels: torch.Tensor) -> torch.Tensor:
+        pooled = self.vision_model(pixels)
+        return self.visual_projection(pooled) if self.family == "clip" else pooled  # type: ignore[no-any-return]
+
+    def forward(self, p: Packed) -> torch.Tensor:
+        return self.text(p)
+
+
+def load(
+    folder: Path,
+    config: dict[str, Any],
+    num_labels: int | None,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> nn.Module:
+    model = load_checkpoint(lambda: DualEncoder(config), folder, lambda key: key, device, dtype)
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.fuse()
+    return model
+
+
+@torch.inference_mode()
+def embed(model: DualEncoder, items: list[Tokens], device: torch.device) -> np.ndarray:
+    """Each input's vector in the shared space (not normalised: the server normalises), rows in the
+    order of items: the texts as one packed batch, the images as one batch."""
+    texts = [i for i, item in enumerate(items) if item.pixels is None]
+    images = [i for i, item in enumerate(items) if item.pixels is not None]
+    out: torch.Tensor | None = None
+    for rows, run in ((texts, _texts), (images, _images)):
+        if rows:
+            vectors = run(model, [items[i] for i in rows], device)
+            out = vectors.new_empty((len(items), vectors.shape[1])) if out is None else out
+            out[rows] = vectors
+    assert out is not None  # a group is never empty
+    return out.float().cpu().numpy()  # type: ignore[no-any-return]
+
+
+def _texts(model: DualEncoder, items: list[Tokens], device: torch.device) -> torch.Tensor:
+    return model.text(Packed.of(items).to(device))
+
+
+def _images(model: DualEncoder, items: list[Tokens], device: torch.device) -> torch.Tensor:
+    pixels = torch.from_numpy(np.stack([item.pixels for item in items]))
+    return model.images(pixels.to(device))
+
+
+def warm_image(model: Any, positions: int) -> float:
+    """One image through the image tower (its kernels' first-call costs paid before ready); its ms."""
+    size = model.image_size
+    started = time.perf_counter()
+    embed(model, [Tokens([0] * positions, pixels=np.zeros((3, size, size), dtype=np.float32))], _device(model))
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

@@ -1,0 +1,125 @@
+"""Image inputs given as http(s) URLs: fetched only where WARMPOOL_IMAGE_URLS=allowlist, only from the
+hosts WARMPOOL_IMAGE_URL_ALLOWLIST names, within a size, time and redirect limit.
+
+No server-side request forgery: the host is resolved once here and the connection goes to the very
+address checked (a second lookup could answer otherwise); a loopback, link-local, private or other
+non-global address is refused unless the allowlist names that exact host (not through a `*.domain`
+entry); every redirect is a new URL checked the same way. Runs on the executor (blocking sockets).
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import socket
+import ssl
+import time
+from urllib.parse import urljoin, urlsplit
+
+from common.settings import Settings
+from server.errors import APIError, bad_request
+
+CHUNK = 64 * 1024
+REDIRECTS = (301, 302, 303, 307, 308)
+
+
+def allowlist(settings: Settings) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The exact hosts, and the domain suffixes (`*.example.com` -> `.example.com`) listed."""
+    entries = [e.strip().lower() for e in (settings.image_url_allowlist or "").split(",") if e.strip()]
+    return frozenset(e for e in entries if not e.startswith("*.")), tuple(e[1:] for e in entries if e.startswith("*."))
+
+
+def check_url(url: str, settings: Settings, where: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, address to connect to) for a URL that may be fetched; else a 400."""
+    field = where.split("[")[0]
+    if settings.image_urls != "allowlist":
+        raise bad_request(
+            f"{where}: image URLs are not fetched (WARMPOOL_IMAGE_URLS=off); send the image as a data: URL or base64",
+            field,
+        )
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if parts.scheme not in ("http", "https") or not host or parts.username or parts.password:
+        raise bad_request(f"{where}: only http(s) URLs without credentials are fetched", field)
+    exact, suffixes = allowlist(settings)
+    if host not in exact and not host.endswith(suffixes or ("\0",)):
+        raise bad_request(f"{where}: host {host!r} is not in WARMPOOL_IMAGE_URL_ALLOWLIST", field)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, ValueError) as exc:
+        raise bad_request(f"{where}: host {host!r} could not be resolved: {exc}", field) from None
+    address = str(infos[0][4][0])
+    if not ipaddress.ip_address(address.split("%")[0]).is_global and host not in exact:
+        raise bad_request(
+            f"{where}: {host!r} resolves to {address}, a non-public address, fetched only from a host the "
+            "allowlist names exactly",
+            field,
+        )
+    return parts.scheme, host, port, address
+
+
+def fetch(url: str, settings: Settings, where: str) -> bytes:
+    """The URL's body (following at most WARMPOOL_IMAGE_URL_REDIRECTS redirects, each checked), within
+    WARMPOOL_MAX_IMAGE_BYTES and WARMPOOL_IMAGE_URL_TIMEOUT; else a 400 naming `where`."""
+    field = where.split("[")[0]
+    deadline = time.monotonic() + settings.image_url_timeout
+    for _ in range(settings.image_url_redirects + 1):
+        scheme, host, port, address = check_url(url, settings, where)
+        try:
+            status, location, body = _get(url, scheme, host, port, address, deadline, settings.max_image_bytes, where)
+        except APIError:
+            raise
+        except (OSError, http.client.HTTPException) as exc:
+            reason = "timed out" if isinstance(exc, TimeoutError) else f"failed: {exc}"
+            raise bad_request(f"{where}: fetching {url} {reason}", field) from None
+        if status in REDIRECTS and location:
+            url = urljoin(url, location)
+            continue
+        if status != 200:
+            raise bad_request(f"{where}: {url} answered HTTP {status}", field)
+        return body
+    raise bad_request(f"{where}: more than {settings.image_url_redirects} redirects", field)
+
+
+def _get(
+    url: str, scheme: str, host: str, port: int, address: str, deadline: float, limit: int, where: str
+) -> tuple[int, str | None, bytes]:
+    """One GET to `address`, in the name of `host` (Host header; SNI and the certificate for https)."""
+    sock = socket.create_connection((address, port), timeout=_left(deadline))
+    try:
+        if scheme == "https":
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+        conn = http.client.HTTPConnection(host, port, timeout=_left(deadline))
+        conn.sock = sock
+        parts = urlsplit(url)
+        conn.request(
+            "GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers={"Accept": "image/*"}
+        )
+        response = conn.getresponse()
+        if response.status != 200:
+            return response.status, response.getheader("Location"), b""
+        length = response.getheader("Content-Length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise bad_request(
+                f"{where}: {url} is larger than WARMPOOL_MAX_IMAGE_BYTES ({limit} bytes)", where.split("[")[0]
+            )
+        chunks, size = [], 0
+        while chunk := response.read(CHUNK):
+            size += len(chunk)
+            if size > limit:
+                raise bad_request(
+                    f"{where}: {url} is larger than WARMPOOL_MAX_IMAGE_BYTES ({limit} bytes)", where.split("[")[0]
+                )
+            _left(deadline)  # each read is bounded by the socket's timeout, the whole by the deadline
+            chunks.append(chunk)
+        return 200, None, b"".join(chunks)
+    finally:
+        sock.close()
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left

@@ -1,0 +1,141 @@
+"""Image inputs of a CLIP or SigLIP model: from the request (a data: URL or base64; an http(s) URL
+only where WARMPOOL_IMAGE_URLS allows, server/image_fetch.py), decoded by Pillow within limits,
+then preprocessed exactly as transformers' PIL image processor does it (common.vision.ImageSteps).
+
+Runs on the executor, like tokenizing: decoding and resizing hold a core for milliseconds. Every
+failure is a 400 naming the input (`where`): a client's bad image never reaches the engine.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from common.settings import Settings
+from common.vision import ImageSteps, Vision
+from common.wire import Tokens
+from server import image_fetch
+from server.errors import APIError, bad_request
+
+FORMATS = ("PNG", "JPEG", "WEBP")  # the decoders Pillow may use: nothing else is tried on a request's bytes
+# WARMPOOL_MAX_IMAGE_PIXELS is checked from the header before anything is decoded (decode()): Pillow's
+# own process-wide bomb check (a warning past 89 Mpx, an error past twice that) would override the setting
+Image.MAX_IMAGE_PIXELS = None
+
+
+def image_tokens(sources: list[str], vision: Vision, settings: Settings, field: str) -> list[Tokens]:
+    """Each source as an engine input: its pixels, and one placeholder id per position the image
+    tower computes on (batching and usage count an image by that work)."""
+    out = []
+    for i, source in enumerate(sources):
+        where = f"{field}[{i}]" if len(sources) > 1 else field
+        pixels = preprocess(decode(read_source(source, settings, where), settings, where), vision.steps)
+        out.append(Tokens([0] * vision.positions, pixels=pixels))
+    return out
+
+
+def read_source(source: str, settings: Settings, where: str) -> bytes:
+    """The encoded image a source names: a data: URL's payload, an http(s) URL's body (where
+    allowed), or the source itself as base64; its size checked before it is decoded from base64."""
+    if source.startswith(("http://", "https://")):
+        return image_fetch.fetch(source, settings, where)
+    payload = source
+    if source.startswith("data:"):
+        header, comma, payload = source.partition(",")
+        if not comma or not header.endswith(";base64"):
+            raise bad_request(f"{where}: a data: URL must be base64 (data:image/png;base64,...)", where.split("[")[0])
+    payload = payload.strip()
+    if len(payload) // 4 * 3 > settings.max_image_bytes:  # the decoded size, without decoding
+        raise too_large(where, settings)
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(
+            f"{where} is neither a data: URL, an http(s) URL nor base64 of an image", where.split("[")[0]
+        ) from None
+
+
+def too_large(where: str, settings: Settings) -> APIError:
+    return bad_request(
+        f"{where} is larger than WARMPOOL_MAX_IMAGE_BYTES ({settings.max_image_bytes} bytes)", where.split("[")[0]
+    )
+
+
+def decode(data: bytes, settings: Settings, where: str) -> Image.Image:
+    """A PNG, JPEG or WebP as RGB, transparency composited onto white (transformers' convert_to_rgb).
+    Its size is read from the header first: past WARMPOOL_MAX_IMAGE_PIXELS nothing is decoded."""
+    field = where.split("[")[0]
+    if len(data) > settings.max_image_bytes:
+        raise too_large(where, settings)
+    try:
+        image = Image.open(io.BytesIO(data), formats=FORMATS)  # the header only: nothing decoded yet
+        width, height = image.size
+        if width * height > settings.max_image_pixels:
+            raise bad_request(
+                f"{where} is {width} x {height} pixels, more than WARMPOOL_MAX_IMAGE_PIXELS "
+                f"({settings.max_image_pixels}) allows",
+                field,
+            )
+        image.load()
+        return _rgb(image)
+    except APIError:
+        raise
+    except UnidentifiedImageError:
+        raise bad_request(f"{where} is not a PNG, JPEG or WebP image", field) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:  # what Pillow raises for a corrupt file
+        raise bad_request(f"{where} could not be decoded: {exc}", field) from None
+
+
+def _rgb(image: Image.Image) -> Image.Image:
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def resized_shape(width: int, height: int, shortest: int) -> tuple[int, int]:
+    """(height, width) with the shortest edge at `shortest`, the other scaled and floored
+    (transformers' get_resize_output_image_size, default_to_square=False)."""
+    short, long = (width, height) if width <= height else (height, width)
+    new_long = int(shortest * long / short)
+    return (new_long, shortest) if width <= height else (shortest, new_long)
+
+
+def preprocess(image: Image.Image, steps: ImageSteps) -> np.ndarray:
+    """RGB image -> float32 [3, H, W]: resize, centre crop, rescale, normalise, as the PIL image
+    processor computes them (uint8 until the rescale; float64 rescale cast to float32)."""
+    if steps.shortest_edge is not None:
+        height, width = resized_shape(image.width, image.height, steps.shortest_edge)
+        image = image.resize((width, height), resample=Image.Resampling(steps.resample))
+    elif steps.size is not None:
+        image = image.resize((steps.size[1], steps.size[0]), resample=Image.Resampling(steps.resample))
+    pixels: np.ndarray = np.asarray(image).transpose(2, 0, 1)  # [3, H, W] uint8
+    if steps.crop is not None:
+        pixels = center_crop(pixels, steps.crop)
+    out = (pixels.astype(np.float64) * steps.rescale).astype(np.float32) if steps.rescale else pixels.astype(np.float32)
+    if steps.mean is not None and steps.std is not None:
+        mean, std = np.array(steps.mean, dtype=np.float32), np.array(steps.std, dtype=np.float32)
+        out = (out - mean[:, None, None]) / std[:, None, None]
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def center_crop(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """[C, H, W] cropped to size (h, w) about its centre; zero-padded first where it is smaller
+    (transformers' center_crop)."""
+    _, height, width = pixels.shape
+    crop_h, crop_w = size
+    top, left = (height - crop_h) // 2, (width - crop_w) // 2
+    if top >= 0 and left >= 0:
+        return pixels[:, top : top + crop_h, left : left + crop_w]
+    new_h, new_w = max(crop_h, height), max(crop_w, width)
+    canvas = np.zeros((pixels.shape[0], new_h, new_w), dtype=pixels.dtype)
+    top_pad, left_pad = math.ceil((new_h - height) / 2), math.ceil((new_w - width) / 2)
+    canvas[:, top_pad : top_pad + height, left_pad : left_pad + width] = pixels
+    top, left = top + top_pad, left + left_pad
+    return canvas[:, max(0, top) : min(new_h, top + crop_h), max(0, left) : min(new_w, left + crop_w)]

@@ -1,0 +1,88 @@
+"""Tiny random-weight CLIP and SigLIP folders, saved as transformers saves them (weights, config,
+tokenizer.json, preprocessor_config.json), built offline; and images made in the test."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from tests.tiny_models import WORDS, jitter, xlm_roberta_tokenizer
+
+# Small, but every part present: 2 layers a tower, 4 heads, a projection narrower than the towers.
+TEXT = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4}
+VISION = {**TEXT, "image_size": 32, "patch_size": 8}
+
+
+def clip_tokenizer() -> Any:
+    """CLIP's byte-level BPE (words end in </w>) from a fixed vocabulary: the byte symbols, WORDS merged
+    one character at a time, then <|startoftext|> and <|endoftext|> last (the highest ids, as in
+    openai/clip-vit-base-patch32), added around every text."""
+    from transformers import CLIPTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    symbols = list(bytes_to_unicode().values())
+    vocab = {s: i for i, s in enumerate([*symbols, *(f"{s}</w>" for s in symbols)])}
+    merges: list[tuple[str, str]] = []
+    for word in WORDS:
+        piece = word.lower()[0]
+        for i, char in enumerate(word.lower()[1:], start=2):
+            part = char + ("</w>" if i == len(word) else "")
+            if (piece, part) not in merges:
+                merges.append((piece, part))
+            piece += part
+            vocab.setdefault(piece, len(vocab))
+    for special in ("<|startoftext|>", "<|endoftext|>"):
+        vocab[special] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=16)
+
+
+def build_clip(dest: Path, seed: int = 21, legacy_eos: bool = False) -> Path:
+    """A CLIPModel: causal text tower pooled at its end-of-text token (with `legacy_eos`, the config's
+    eos_token_id is 2, as folders from before transformers fixed it: the highest id is pooled)."""
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+    tokenizer = clip_tokenizer()
+    eos = 2 if legacy_eos else tokenizer.eos_token_id
+    text = {**TEXT, "vocab_size": len(tokenizer), "max_position_embeddings": 16, "eos_token_id": eos}
+    text.update(bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = CLIPConfig(text_config=text, vision_config=VISION, projection_dim=24)
+    torch.manual_seed(seed)
+    jitter(CLIPModel(config), seed).eval().save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    # shortest edge 40 then a 32 x 32 crop: both steps do something to every test image
+    CLIPImageProcessor(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32}).save_pretrained(dest)
+    return dest
+
+
+def build_siglip(dest: Path, seed: int = 22) -> Path:
+    """A SiglipModel: bidirectional text tower pooled at its last token through a head, image tower
+    pooled by attention. Its tokenizer is a Unigram one (real SigLIP folders ship sentencepiece's)."""
+    import torch
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
+
+    tokenizer = xlm_roberta_tokenizer()
+    text = {**TEXT, "vocab_size": len(tokenizer), "max_position_embeddings": 16, "projection_size": 32}
+    text.update(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    text.update(bos_token_id=tokenizer.bos_token_id)
+    config = SiglipConfig(text_config=text, vision_config=VISION)
+    torch.manual_seed(seed)
+    jitter(SiglipModel(config), seed).eval().save_pretrained(dest)
+    tokenizer.model_max_length = 16
+    tokenizer.save_pretrained(dest)
+    SiglipImageProcessor(size={"height": 32, "width": 32}, resample=2).save_pretrained(dest)  # bilinear
+    return dest
+
+
+def image_bytes(fmt: str, size: tuple[int, int] = (48, 40), mode: str = "RGB", seed: int = 0) -> bytes:
+    """A noisy image encoded as `fmt` (PNG, JPEG, WEBP): noise, so that every pixel matters."""
+    import numpy as np
+    from PIL import Image
+
+    channels = len(mode) if mode != "L" else 1
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], channels), dtype=np.uint8)
+    image = Image.fromarray(pixels[..., 0] if channels == 1 else pixels, mode=mode)
+    out = io.BytesIO()
+    image.save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return out.getvalue()

@@ -1,0 +1,152 @@
+"""Image inputs: decoded within limits and preprocessed exactly as transformers' PIL image processors
+do it (server/images.py), and image URLs fetched only where allowed (server/image_fetch.py)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import socket
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from common.modelfolder import read_model_folder
+from common.settings import Settings
+from server import image_fetch, images
+from server.errors import APIError
+from tests.tiny_vision import build_clip, build_siglip, image_bytes
+
+SETTINGS = Settings(max_image_bytes=200_000, max_image_pixels=1_000_000)
+# every format, alpha and palette transparency, greyscale, wide and tall, smaller than the crop
+CASES = [
+    ("PNG", (48, 40), "RGB"),
+    ("JPEG", (40, 61), "RGB"),
+    ("WEBP", (70, 33), "RGB"),
+    ("PNG", (50, 45), "RGBA"),
+    ("WEBP", (45, 50), "RGBA"),
+    ("PNG", (41, 39), "L"),
+    ("PNG", (20, 12), "RGB"),
+]
+
+
+def processor(folder: Path) -> Any:
+    from transformers import CLIPImageProcessorPil, SiglipImageProcessorPil
+
+    kind = CLIPImageProcessorPil if "clip" in folder.name else SiglipImageProcessorPil
+    return kind.from_pretrained(str(folder))
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("vision")
+    return {"clip": build_clip(root / "clip"), "siglip": build_siglip(root / "siglip")}
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+@pytest.mark.parametrize(("fmt", "size", "mode"), CASES)
+def test_preprocessing_equals_transformers(
+    folders: dict[str, Path], family: str, fmt: str, size: tuple[int, int], mode: str
+) -> None:
+    """Decode, convert to RGB (alpha over white), resize, crop, rescale and normalise give the very
+    pixel values the folder's transformers image processor gives for the same file."""
+    data = image_bytes(fmt, size, mode)
+    vision = read_model_folder(folders[family]).vision
+    assert vision is not None
+    got = images.preprocess(images.decode(data, SETTINGS, "input"), vision.steps)
+    want = processor(folders[family])(Image.open(io.BytesIO(data)), return_tensors="np")["pixel_values"][0]
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_data_url_and_bare_base64_read_alike() -> None:
+    """A data: URL's payload and the same base64 alone are the same bytes."""
+    data = image_bytes("PNG")
+    encoded = base64.b64encode(data).decode()
+    assert images.read_source(f"data:image/png;base64,{encoded}", SETTINGS, "input") == data
+    assert images.read_source(encoded, SETTINGS, "input") == data
+
+
+def refused(call: Any) -> str:
+    with pytest.raises(APIError) as caught:
+        call()
+    assert caught.value.status == 400
+    return caught.value.message
+
+
+def test_corrupt_image_is_a_400_naming_its_index() -> None:
+    """A PNG cut short fails to decode: 400 naming the input."""
+    data = image_bytes("PNG", (64, 64))[:300]
+    assert "input[2]" in refused(lambda: images.decode(data, SETTINGS, "input[2]"))
+
+
+def test_other_formats_are_refused() -> None:
+    """A GIF (or anything not PNG, JPEG, WebP) is not handed to any decoder."""
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(out, format="GIF")
+    assert "not a PNG, JPEG or WebP" in refused(lambda: images.decode(out.getvalue(), SETTINGS, "input"))
+
+
+def test_oversized_encoded_image_is_refused_before_decoding() -> None:
+    """Base64 longer than WARMPOOL_MAX_IMAGE_BYTES allows is refused from its length alone."""
+    payload = "A" * (SETTINGS.max_image_bytes // 3 * 4 + 8)
+    assert "MAX_IMAGE_BYTES" in refused(lambda: images.read_source(payload, SETTINGS, "input"))
+
+
+def bomb(width: int, height: int) -> bytes:
+    """A valid PNG whose header claims width x height, with a tiny (unreadable) body."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
+
+
+def test_decompression_bomb_is_refused_from_its_header() -> None:
+    """An image whose header claims more pixels than WARMPOOL_MAX_IMAGE_PIXELS is refused before a
+    byte of it is decoded (no allocation of its size)."""
+    assert "MAX_IMAGE_PIXELS" in refused(lambda: images.decode(bomb(50_000, 50_000), SETTINGS, "input"))
+
+
+def test_urls_are_refused_by_default() -> None:
+    """WARMPOOL_IMAGE_URLS=off: an http(s) URL is a 400 that says how to send the image instead."""
+    assert "data: URL" in refused(lambda: images.read_source("https://example.com/cat.png", Settings(), "input"))
+
+
+def allowing(hosts: str) -> Settings:
+    return Settings(image_urls="allowlist", image_url_allowlist=hosts)
+
+
+def test_unlisted_host_is_refused() -> None:
+    """With the allowlist on, a host it does not name is refused before any lookup."""
+    assert "ALLOWLIST" in refused(lambda: image_fetch.check_url("http://other.test/a.png", allowing("a.test"), "i"))
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "169.254.169.254", "10.1.2.3", "::1"])
+def test_non_public_address_is_refused_through_a_domain_entry(monkeypatch: pytest.MonkeyPatch, address: str) -> None:
+    """`*.example.test` does not open loopback, link-local (cloud metadata) or private addresses: a name
+    under it resolving there is refused; such an address needs its exact host listed."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    answer = [(family, socket.SOCK_STREAM, 6, "", (address, 80))]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: answer)
+    settings = allowing("*.example.test")
+    assert "non-public" in refused(lambda: image_fetch.check_url("http://img.example.test/a.png", settings, "i"))
+
+
+def test_exactly_listed_loopback_host_is_allowed() -> None:
+    """The allowlist naming 127.0.0.1 exactly lets it be fetched (a test server, a sidecar)."""
+    assert image_fetch.check_url("http://127.0.0.1:8080/a.png", allowing("127.0.0.1"), "i")[3] == "127.0.0.1"
+
+
+def test_credentials_and_other_schemes_are_refused() -> None:
+    """user:password@host and non-http schemes are never fetched."""
+    settings = allowing("a.test")
+    assert "credentials" in refused(lambda: image_fetch.check_url("http://u:p@a.test/x.png", settings, "i"))
+    assert "credentials" in refused(lambda: image_fetch.check_url("ftp://a.test/x.png", settings, "i"))
