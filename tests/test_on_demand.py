@@ -151,7 +151,7 @@ def test_keep_alive_unloads_an_idle_model_and_a_request_past_the_load_wait_gets_
         tmp_path / "log",
         models=f"embed={model_dir},rerank={cross_encoder_dir};resident=auto;keep_alive=1",
         engines=1,
-        load_wait=0.05,
+        load_wait=0.001,  # far shorter than any load: a fork and a warm-up take milliseconds at least
     )
     body = {"text_1": "Where is the Eiffel Tower?", "text_2": DOCS, "model": "rerank"}
     try:
