@@ -517,7 +517,9 @@ def test_an_engine_with_work_and_no_answer_is_reported_stalled() -> None:
     async def scenario(rig: Rig) -> None:
         rig.client.stall_timeout_s = 0.3
         rig.attach_hung(0)
-        rig.attach(1)
+        # it answers what is moved off the hung one: an engine that never answered would be reported
+        # in its turn, a tenth of a second later, and a slow loop could see both reports at once
+        rig.attach(1, auto=True)
         rig.client.submit([tok(1, 50)])  # to the hung engine: both are idle, the first wins the tie
         await until(lambda: rig.events.stalled, "a stall report")
         ((slot, seconds),) = rig.events.stalled
