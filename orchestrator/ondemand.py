@@ -20,7 +20,8 @@ import structlog
 from common.modelfolder import ModelError, files_to_load
 from common.procmem import process_memory
 from common.settings import Settings
-from orchestrator import readorder
+from common.startup import ModelPhases
+from orchestrator import prefetch, readorder
 from server.errors import APIError
 from server.services import ServedModel, Services
 
@@ -251,7 +252,7 @@ class ModelPool:
                 if svc.startup.draining:  # the drain stops the engines it knows of: start none after it
                     raise svc.unavailable()
                 svc.startup.reset_model(name, "loading")
-                svc.startup.for_model(name).skip("prefetch", "loaded on demand: its engines read the page cache")
+                _prefetch(slot.settings, svc.startup.for_model(name))
                 log.info("model_loading", model=name, estimate_mb=slot.estimate // 10**6)
             ok = await self.host.boot_model(slot.settings)
         except BaseException:
@@ -343,6 +344,23 @@ class ModelPool:
 
     def _left(self, begun: float) -> float:
         return max(self.svc.settings.load_wait - (asyncio.get_running_loop().time() - begun), 0.0)
+
+
+def _prefetch(settings: Settings, phases: ModelPhases) -> None:
+    """The model's files read into the page cache in the loader's order, on prefetch's own threads,
+    while its engines fork and load (as at the start: they find the bytes read ahead of them)."""
+    phases.start("prefetch", threads=settings.prefetch_threads)
+    prefetch.start(
+        settings.model_path,
+        [],
+        settings.prefetch_threads,
+        settings.prefetch == "on",
+        False,  # the environment is in memory: the forkserver runs
+        on_progress=lambda detail: phases.update("prefetch", **detail),
+        on_done=lambda detail: phases.done("prefetch", **detail),
+        on_skip=lambda reason: phases.skip("prefetch", reason),
+        views=readorder.CPU_COMPUTE[settings.dtype] if settings.resolved_device == "cpu" else None,
+    )
 
 
 def _in_flight(served: ServedModel) -> bool:
