@@ -233,11 +233,7 @@ def load(
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
-    model = load_checkpoint(lambda: DualEncoder(config), folder, lambda key: key, device, dtype)
-    for module in model.modules():
-        if isinstance(module, Attention):
-            module.fuse()
-    return model
+    return load_checkpoint(lambda: DualEncoder(config), folder, lambda key: key, device, dtype)
 
 
 @torch.inference_mode()

@@ -137,11 +137,8 @@ class Qwen3(nn.Module):
             self.lm_head = nn.Linear(hidden, c["vocab_size"], bias=False)
 
     def loaded(self, device: torch.device | None) -> None:
-        """After the checkpoint: fuse the projections, keep the LM head's yes/no rows alone (the
-        embeddings' rows where the head is tied to them), place the rotary tables."""
-        for module in list(self.modules()):
-            if isinstance(module, Attention | MLP):
-                module.fuse()
+        """After the checkpoint (which fused the projections): keep the LM head's yes/no rows alone
+        (the embeddings' rows where the head is tied to them), place the rotary tables."""
         if self.score_tokens is not None:
             head = self.embed_tokens if self.tied else self.lm_head
             # [2, H]: no, yes; a buffer, so a compiled forward finds it by name (engine/compiled.py)

@@ -14,14 +14,15 @@ _UNLIMITED = 1 << 60
 
 def available_bytes() -> int | None:
     """None when nothing can be read (then no guard applies)."""
-    candidates = [v for v in (_meminfo_available(), _cgroup_headroom()) if v is not None]
+    candidates = [v for v in (_meminfo("MemAvailable"), _cgroup_headroom()) if v is not None]
     return min(candidates) if candidates else None
 
 
-def _meminfo_available() -> int | None:
+def _meminfo(key: str) -> int | None:
+    """A /proc/meminfo line's value in bytes; None where it cannot be read."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
@@ -52,10 +53,4 @@ def limit_bytes() -> int | None:
         if raw != "max" and raw.isdigit() and int(raw) < _UNLIMITED:
             return int(raw)
         break
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return _meminfo("MemTotal")
