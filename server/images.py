@@ -12,6 +12,7 @@ import base64
 import binascii
 import io
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -28,15 +29,21 @@ FORMATS = ("PNG", "JPEG", "WEBP")  # the decoders Pillow may use: nothing else i
 Image.MAX_IMAGE_PIXELS = None
 
 
-def image_tokens(sources: list[str], vision: Vision, settings: Settings, field: str) -> list[Tokens]:
-    """Each source as an engine input: its pixels, and one placeholder id per position the image
-    tower computes on (batching and usage count an image by that work)."""
-    out = []
-    for i, source in enumerate(sources):
-        where = f"{field}[{i}]" if len(sources) > 1 else field
-        pixels = preprocess(decode(read_source(source, settings, where), settings, where), vision.steps)
-        out.append(Tokens([0] * vision.positions, pixels=pixels))
-    return out
+@dataclass(frozen=True)
+class Picture:
+    """What Cohere's embed answer reports of each image: as sent, before any conversion."""
+
+    width: int
+    height: int
+    format: str  # png, jpeg or webp
+    bit_depth: int  # bits per pixel, all channels (24 for RGB, 32 for RGBA, 8 for grey or a palette)
+
+
+def image_input(source: str, vision: Vision, settings: Settings, where: str) -> tuple[Tokens, Picture]:
+    """A source as an engine input (its pixels, and one placeholder id per position the image tower
+    computes on: batching and usage count an image by that work), and what it was."""
+    image, picture = opened(read_source(source, settings, where), settings, where)
+    return Tokens([0] * vision.positions, pixels=preprocess(image, vision.steps)), picture
 
 
 def read_source(source: str, settings: Settings, where: str) -> bytes:
@@ -69,6 +76,11 @@ def too_large(where: str, settings: Settings) -> APIError:
 def decode(data: bytes, settings: Settings, where: str) -> Image.Image:
     """A PNG, JPEG or WebP as RGB, transparency composited onto white (transformers' convert_to_rgb).
     Its size is read from the header first: past WARMPOOL_MAX_IMAGE_PIXELS nothing is decoded."""
+    return opened(data, settings, where)[0]
+
+
+def opened(data: bytes, settings: Settings, where: str) -> tuple[Image.Image, Picture]:
+    """decode()'s RGB image, and the image as it was sent."""
     field = where.split("[")[0]
     if len(data) > settings.max_image_bytes:
         raise too_large(where, settings)
@@ -82,13 +94,17 @@ def decode(data: bytes, settings: Settings, where: str) -> Image.Image:
                 field,
             )
         image.load()
-        return _rgb(image)
+        bits = _MODE_BITS.get(image.mode, 8 * len(image.getbands()))
+        return _rgb(image), Picture(width, height, str(image.format).lower(), bits)
     except APIError:
         raise
     except UnidentifiedImageError:
         raise bad_request(f"{where} is not a PNG, JPEG or WebP image", field) from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:  # what Pillow raises for a corrupt file
         raise bad_request(f"{where} could not be decoded: {exc}", field) from None
+
+
+_MODE_BITS = {"1": 1, "I;16": 16, "I": 32, "F": 32}  # Pillow's modes whose bands are not 8 bits each
 
 
 def _rgb(image: Image.Image) -> Image.Image:

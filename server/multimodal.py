@@ -12,6 +12,7 @@ SigLIP's texts are padded to the full length with its pad token, as its processo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
@@ -23,19 +24,9 @@ from server import images, inputs, outputs
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, envelope
-from server.protocol import Body, Part
+from server.protocol import Body, ContentPart, Part
 
 Item = tuple[Literal["text", "image"], str]  # one input: a text, or an image's source
-
-
-class ImageURL(Part):
-    url: StrictStr
-
-
-class ContentPart(Part):
-    type: Literal["text", "image_url"]
-    text: StrictStr | None = None
-    image_url: ImageURL | StrictStr | None = None
 
 
 class Message(Part):
@@ -104,7 +95,7 @@ def prepare(raw: bytes, ctx: RequestContext) -> Prepared[MultimodalRequest]:
         if not sources:
             raise inputs.bad_request("'input' must not be empty", "input")
         items = [(body.modality, s) for s in sources]
-    return Prepared(body, encode(items, ctx, field, body.truncate_prompt_tokens))
+    return Prepared(body, encode(items, ctx, field, body.truncate_prompt_tokens).tokens)
 
 
 def conversation(messages: list[dict[str, Any]], where: str) -> Item:
@@ -114,29 +105,45 @@ def conversation(messages: list[dict[str, Any]], where: str) -> Item:
     for message in messages:
         content = message.get("content")
         for part in [{"type": "text", "text": content}] if isinstance(content, str) else content or []:
-            if part.get("type") == "text" and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            elif part.get("type") == "image_url":
-                url = part.get("image_url")
-                url = url.get("url") if isinstance(url, dict) else url
-                if not isinstance(url, str):
-                    raise inputs.bad_request(f"{where}: an image_url part needs a url", where.split("[")[0])
-                pictures.append(url)
-            else:
-                raise inputs.bad_request(f"{where}: a content part is text or image_url", where.split("[")[0])
+            kind, source = part_item(part, where)
+            (texts if kind == "text" else pictures).append(source)
     if pictures and (texts or len(pictures) > 1):
         raise inputs.bad_request(
             f"{where}: this model embeds one text or one image per input, not both or several images",
-            where.split("[")[0],
+            _field(where),
         )
     if pictures:
         return "image", pictures[0]
     if not texts:
-        raise inputs.bad_request(f"{where} has no text and no image", where.split("[")[0])
+        raise inputs.bad_request(f"{where} has no text and no image", _field(where))
     return "text", " ".join(texts)
 
 
-def encode(items: list[Item], ctx: RequestContext, field: str, truncate: int | None = None) -> list[Tokens]:
+@dataclass(frozen=True)
+class Encoded:
+    tokens: list[Tokens]  # the engine's inputs, in the order of the items
+    pictures: list[images.Picture]  # the images among them, as sent, in order
+
+
+def _field(where: str) -> str:
+    """The request's field an input's name is in: `inputs` of `inputs[2]`, `text_2` of `text_2.content[0]`."""
+    return where.split("[")[0].split(".")[0]
+
+
+def part_item(part: dict[str, Any], where: str) -> Item:
+    """A chat-style content part (`text` or `image_url`) as an item."""
+    if part.get("type") == "text" and isinstance(part.get("text"), str):
+        return "text", part["text"]
+    if part.get("type") == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str):
+            raise inputs.bad_request(f"{where}: an image_url part needs a url", _field(where))
+        return "image", url
+    raise inputs.bad_request(f"{where}: a content part is text or image_url", _field(where))
+
+
+def encode(items: list[Item], ctx: RequestContext, field: str, truncate: int | None = None) -> Encoded:
     """The inputs as engine inputs, in order (admitted first, one permit each): texts tokenized
     (SigLIP's padded), images decoded and preprocessed."""
     vision = vision_of(ctx, field)
@@ -147,11 +154,13 @@ def encode(items: list[Item], ctx: RequestContext, field: str, truncate: int | N
         tokens = inputs.tokenize_inputs([t for _, t in texts], ctx, truncate, field)  # SigLIP's padded there
         for (i, _), tok in zip(texts, tokens, strict=True):
             out[i] = tok
+    pictures = []
     for i, (kind, source) in enumerate(items):
         if kind == "image":
             where = f"{field}[{i}]" if len(items) > 1 else field
-            out[i] = images.image_tokens([source], vision, ctx.settings, where)[0]
-    return [t for t in out if t is not None]
+            out[i], picture = images.image_input(source, vision, ctx.settings, where)
+            pictures.append(picture)
+    return Encoded([t for t in out if t is not None], pictures)
 
 
 def vectors(prep: Prepared[Any], outcome: Outcome, ctx: RequestContext, dimensions: int | None) -> Any:

@@ -129,9 +129,27 @@ def _inline(node: Any, defs: dict[str, Any]) -> Any:
     return node
 
 
+class ImageURL(Part):
+    url: StrictStr
+
+
+class ContentPart(Part):
+    """A chat-style content part: a text, or an image (a data: URL, base64, or an allowlisted URL)."""
+
+    type: Literal["text", "image_url"]
+    text: StrictStr | None = None
+    image_url: ImageURL | StrictStr | None = None
+
+
+class ScoreContent(Part):
+    """vLLM's multimodal side of /score: each content part is one input (a text or an image)."""
+
+    content: list[ContentPart] = Field(min_length=1)
+
+
 class ScoreRequest(Body):
-    text_1: StrictStr | list[StrictStr]
-    text_2: StrictStr | list[StrictStr]
+    text_1: StrictStr | list[StrictStr] | ScoreContent
+    text_2: StrictStr | list[StrictStr] | ScoreContent
     model: str | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
 

@@ -163,6 +163,20 @@ def test_cohere_client_embeds_images_and_inputs(appliance: ServerProcess, folder
     np.testing.assert_allclose(by_inputs.embeddings.float_, want, atol=1e-5, rtol=0)
 
 
+def test_cohere_answer_describes_each_image_as_sent(appliance: ServerProcess) -> None:
+    """Cohere's answer lists each image's width, height, format and bits per pixel, as sent (an RGBA
+    PNG is 32 bits though it is embedded as RGB), in the order of the inputs; texts add none."""
+    import cohere
+
+    client = cohere.ClientV2(base_url=appliance.url, api_key="unused")
+    files = [image_bytes("PNG", (30, 20), "RGBA"), image_bytes("JPEG", (40, 50)), image_bytes("WEBP", (33, 33))]
+    parts = [{"content": [{"type": "text", "text": TEXTS[0]}]}]
+    parts += [{"content": [{"type": "image_url", "image_url": {"url": data_url(f)}}]} for f in files]
+    answer = client.embed(model="clip", input_type="search_document", embedding_types=["float"], inputs=parts)
+    got = [(i.width, i.height, i.format, i.bit_depth) for i in answer.images or []]
+    assert got == [(30, 20, "png", 32), (40, 50, "jpeg", 24), (33, 33, "webp", 24)]
+
+
 def refusal(server: ServerProcess, sources: list[str]) -> str:
     r = server.post("/v1/embeddings", json={"input": sources, "modality": "image"})
     assert r.status_code == 400, r.text
@@ -246,6 +260,28 @@ def test_rerank_scores_a_text_against_images_and_texts(appliance: ServerProcess,
     assert [x["index"] for x in results] == sorted(range(3), key=lambda i: -want[i])
     np.testing.assert_allclose([want[x["index"]] for x in results], [x["relevance_score"] for x in results], atol=1e-5)
     assert results[[x["index"] for x in results].index(0)]["document"] == documents[0]
+
+
+def test_score_a_text_against_images_in_vllms_content_shape(appliance: ServerProcess, folders: dict[str, Path]) -> None:
+    """/score with vLLM's {"content": [parts]} as text_2: one score per part (images and a text), the
+    cosine of text_1's vector and the part's in the shared space."""
+    files = [image_bytes("PNG", seed=13), image_bytes("WEBP", seed=14)]
+    parts = [{"type": "image_url", "image_url": {"url": data_url(f)}} for f in files]
+    parts.append({"type": "text", "text": TEXTS[1]})
+    r = appliance.post("/score", json={"model": "clip", "text_1": TEXTS[0], "text_2": {"content": parts}})
+    assert r.status_code == 200, r.text
+    clip = folders["clip"]
+    rows = np.concatenate([expected_images(clip, files), expected_texts(clip, TEXTS[1:])])
+    want = rows @ expected_texts(clip, TEXTS[:1])[0]
+    np.testing.assert_allclose([d["score"] for d in r.json()["data"]], want, atol=1e-5, rtol=0)
+
+
+def test_score_with_an_image_on_a_text_model_is_a_400_naming_its_side(appliance: ServerProcess) -> None:
+    """An image in /score's content for a text-only model is a 400 naming text_2, not a 5xx."""
+    parts = [{"type": "image_url", "image_url": {"url": data_url(image_bytes("PNG"))}}]
+    r = appliance.post("/score", json={"model": "minilm", "text_1": TEXTS[0], "text_2": {"content": parts}})
+    assert r.status_code == 400, r.text
+    assert "text only" in r.json()["error"]["message"] and r.json()["error"]["param"] == "text_2"
 
 
 def test_engine_phase_reports_both_towers_built_in_the_forkserver(appliance: ServerProcess) -> None:

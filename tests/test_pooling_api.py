@@ -158,7 +158,7 @@ def test_models_report_their_kind(classifier_server: ServerProcess, cross_encode
     ("route", "body", "words"),
     [
         ("/score", {"text_1": QUERY}, ["text_2"]),
-        ("/score", {"text_1": [QUERY, QUERY, QUERY], "text_2": DOCS}, ["3 texts", "4"]),
+        ("/score", {"text_1": [QUERY, QUERY, QUERY], "text_2": DOCS}, ["3 inputs", "4"]),
         ("/score", {"text_1": [], "text_2": DOCS}, ["text_1", "empty"]),
         ("/rerank", {"documents": DOCS}, ["query"]),
         ("/rerank", {"query": QUERY}, ["documents"]),

@@ -10,6 +10,7 @@ a long text as overlapping windows, as on /v1/embeddings.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -36,7 +37,8 @@ def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[CohereEmbedReques
         check_dimensions(body.output_dimension, ctx)
         items, field = multimodal.cohere_items(body.texts, body.images, body.inputs)
         limit = None if body.truncate == "NONE" else min(body.max_tokens or -1, ctx.folder.max_model_len)
-        return Prepared(body, multimodal.encode(items, ctx, field, limit))
+        encoded = multimodal.encode(items, ctx, field, limit)
+        return Prepared(body, encoded.tokens, encoded)
     if body.texts is None:
         field = "images" if body.images is not None else "inputs" if body.inputs is not None else "texts"
         raise inputs.bad_request(
@@ -62,17 +64,22 @@ def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[CohereEmbedReques
 
 def by_type(prep: Prepared[CohereEmbedRequest], outcome: Outcome, ctx: RequestContext) -> dict[str, list[Any]]:
     """The embeddings in every type asked for (float when none is)."""
-    pooled = chunking.combine(outcome.vectors, prep.extra)
+    images = isinstance(prep.extra, multimodal.Encoded)  # a CLIP or SigLIP model's inputs: never windowed
+    pooled = chunking.combine(outcome.vectors, None if images else prep.extra)
     vectors = outputs.embeddings(pooled, prep.body.output_dimension, ctx.folder.normalize)
     return {kind: outputs.quantize(vectors, kind) for kind in dict.fromkeys(prep.body.embedding_types or ["float"])}
 
 
 def envelope(prep: Prepared[CohereEmbedRequest], version: str, **fields: Any) -> bytes:
+    """Cohere's answer: `texts` echoes the texts sent, `images` describes the images (of `images` or
+    `inputs`) as they were sent, in order."""
+    pictures = prep.extra.pictures if isinstance(prep.extra, multimodal.Encoded) else []
     return outputs.to_json(
         {
             "id": str(uuid.uuid4()),
             **fields,
             "texts": prep.body.texts,
+            **({"images": [dataclasses.asdict(p) for p in pictures]} if pictures else {}),
             "meta": {"api_version": {"version": version}, "billed_units": {"input_tokens": prep.n_tokens}},
         }
     )

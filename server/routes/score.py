@@ -4,7 +4,9 @@
 Cross-encoders score each (query, document) pair in one forward pass; for embedding models the
 score is the cosine similarity of the two embeddings, as vLLM does for bi-encoders, for sparse
 (SPLADE) models the dot product of the two weight vectors, as SparseEncoder.similarity is, and for
-multi-vector (ColBERT) models MaxSim of the query's and the document's token vectors.
+multi-vector (ColBERT) models MaxSim of the query's and the document's token vectors. On a CLIP or
+SigLIP model either side may hold images (vLLM's {"content": [parts]} on /score, Jina's {"image"}
+documents on /rerank), scored by the cosine in the shared space.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from server import inputs, late_interaction, multimodal, outputs, static_sparse
 from server.engine_client import Outcome
 from server.inputs import RequestContext
 from server.pipeline import Prepared, answer, envelope
-from server.protocol import DocumentImage, DocumentText, RerankRequest, ScoreRequest, openapi_body
+from server.protocol import DocumentImage, DocumentText, RerankRequest, ScoreContent, ScoreRequest, openapi_body
 from server.routes import sparse
 from server.tokenizer import Direction
 
@@ -59,11 +61,8 @@ def tokenize_pairs(
     tokenized again against each document."""
     if ctx.folder.kind == "multi-vector":
         return _late_pairs(lefts, rights, ctx, truncate, fields, direction)
-    if ctx.folder.vision is not None:  # a CLIP or SigLIP model's texts: each once, as /v1/embeddings encodes them
-        unique = list(dict.fromkeys([*lefts, *rights]))
-        at = {text: i for i, text in enumerate(unique)}
-        tokens = multimodal.encode([("text", t) for t in unique], ctx, fields[1], truncate)
-        return tokens, Pairs(len(lefts), False, [at[t] for t in lefts], [at[t] for t in rights])
+    if ctx.folder.vision is not None:  # a CLIP or SigLIP model's texts, as /v1/embeddings encodes them
+        return shared_space_pairs([("text", t) for t in lefts], [("text", t) for t in rights], ctx, truncate, fields)
     if ctx.folder.idf is not None and static_queries:  # queries by their tokens' static weights, documents by the model
         queries = list(dict.fromkeys(lefts))
         static = static_sparse.rows(queries, ctx, fields[0]).rows
@@ -105,6 +104,24 @@ def tokenize_pairs(
     return tokens, pairs
 
 
+def shared_space_pairs(
+    lefts: list[multimodal.Item],
+    rights: list[multimodal.Item],
+    ctx: RequestContext,
+    truncate: int | None,
+    fields: tuple[str, str],
+) -> tuple[list[Tokens], Pairs]:
+    """A CLIP or SigLIP model's pairs of texts and images, scored by the cosine in its shared space:
+    each distinct input of a side encoded once (a query against N images is tokenized once)."""
+    left, right = list(dict.fromkeys(lefts)), list(dict.fromkeys(rights))
+    ctx.admit(len(left) + len(right), fields[1])  # both encodes below are covered by these permits
+    tokens = multimodal.encode(left, ctx, fields[0], truncate).tokens
+    tokens += multimodal.encode(right, ctx, fields[1], truncate).tokens
+    left_at = {item: i for i, item in enumerate(left)}
+    right_at = {item: len(left) + i for i, item in enumerate(right)}
+    return tokens, Pairs(len(lefts), False, [left_at[x] for x in lefts], [right_at[x] for x in rights])
+
+
 def _late_pairs(
     lefts: list[str],
     rights: list[str],
@@ -144,23 +161,38 @@ def pair_scores(vectors: np.ndarray, pairs: Pairs, ctx: RequestContext, raw: boo
     return (unit[pairs.left] * unit[pairs.right]).sum(axis=1)
 
 
+def score_items(side: str | list[str] | ScoreContent, field: str) -> list[multimodal.Item]:
+    """A side of /score as items: texts, or vLLM's {"content": [parts]} (one input per part)."""
+    if isinstance(side, str):
+        return [("text", side)]
+    if isinstance(side, list):
+        return [("text", text) for text in side]
+    return [multimodal.part_item(p.model_dump(), f"{field}.content[{i}]") for i, p in enumerate(side.content)]
+
+
 def prepare_score(raw: bytes, ctx: RequestContext) -> Prepared[ScoreRequest]:
     body = inputs.parse(ScoreRequest, raw)
     ctx.select_model(body.model)
     ctx.require("/score", *SCORERS)
-    lefts = [body.text_1] if isinstance(body.text_1, str) else body.text_1
-    rights = [body.text_2] if isinstance(body.text_2, str) else body.text_2
+    lefts, rights = score_items(body.text_1, "text_1"), score_items(body.text_2, "text_2")
     if not lefts or not rights:
         raise inputs.bad_request("text_1 and text_2 must not be empty", "text_2" if lefts else "text_1")
     if len(lefts) == 1:
         lefts = lefts * len(rights)
     elif len(lefts) != len(rights):
         raise inputs.bad_request(
-            f"text_1 has {len(lefts)} texts and text_2 has {len(rights)}: give one text_1 "
+            f"text_1 has {len(lefts)} inputs and text_2 has {len(rights)}: give one text_1 "
             "to score against every text_2, or as many text_1 as text_2 to score them pairwise",
             "text_2",
         )
-    tokens, pairs = tokenize_pairs(lefts, rights, ctx, body.truncate_prompt_tokens, ("text_1", "text_2"))
+    fields, truncate = ("text_1", "text_2"), body.truncate_prompt_tokens
+    if ctx.folder.vision is not None:
+        tokens, pairs = shared_space_pairs(lefts, rights, ctx, truncate, fields)
+        return Prepared(body, tokens, pairs)
+    for field, items in zip(fields, (lefts, rights), strict=True):
+        if any(kind == "image" for kind, _ in items):
+            multimodal.vision_of(ctx, field)  # a text-only model: a 400 that says which models take images
+    tokens, pairs = tokenize_pairs([s for _, s in lefts], [s for _, s in rights], ctx, truncate, fields)
     return Prepared(body, tokens, pairs)
 
 
@@ -201,19 +233,13 @@ def _rerank_images(
 ) -> Prepared[RerankRequest]:
     """A text query against texts and images (Jina's {"image": ...} documents), on a CLIP or SigLIP
     model: the cosine of the query's vector and each document's, in the shared space."""
-    ctx.admit(len(given) + 1, field)  # the query too: the encodes below are covered by these permits
     items: list[multimodal.Item] = [
         ("image", d.image) if isinstance(d, DocumentImage) else ("text", d.text if isinstance(d, DocumentText) else d)
         for d in given
     ]
-    tokens = multimodal.encode([("text", body.query)], ctx, "query", truncate)
-    tokens += multimodal.encode(items, ctx, field, truncate)
-    pairs = Pairs(len(given), False, [0] * len(given), list(range(1, len(given) + 1)))
-    return Prepared(
-        body,
-        tokens,
-        (pairs, [d if isinstance(d, DocumentImage) else s for d, (_, s) in zip(given, items, strict=True)], tei),
-    )
+    tokens, pairs = shared_space_pairs([("text", body.query)] * len(items), items, ctx, truncate, ("query", field))
+    documents = [d if isinstance(d, DocumentImage) else s for d, (_, s) in zip(given, items, strict=True)]
+    return Prepared(body, tokens, (pairs, documents, tei))
 
 
 def ranked(prep: Prepared[RerankRequest], vectors: np.ndarray, ctx: RequestContext) -> tuple[np.ndarray, list[int]]:
