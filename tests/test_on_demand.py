@@ -165,3 +165,30 @@ def test_keep_alive_unloads_an_idle_model_and_a_request_past_the_load_wait_gets_
         assert server.post("/v1/embeddings", json={"input": "still here"}).status_code == 200
     finally:
         assert server.stop() == 0
+
+
+def test_a_model_with_no_room_beside_always_resident_ones_gets_503_no_room(
+    model_dir: Path, cross_encoder_dir: Path, tmp_path: Path
+) -> None:
+    """Where the budget is held by `always` models, nothing can be unloaded for an `auto` one: its
+    request is a 503 no_room with Retry-After naming the budget, and the resident model still serves."""
+    embed_bytes = estimate(Settings(model=str(model_dir), engines=1))  # type: ignore[call-arg]
+    rerank_bytes = estimate(Settings(model=str(cross_encoder_dir), engines=1))  # type: ignore[call-arg]
+    server = ServerProcess(
+        model_dir,
+        tmp_path / "log",
+        models=f"embed={model_dir},rerank={cross_encoder_dir};resident=auto",
+        engines=1,
+        memory_budget=str(embed_bytes + rerank_bytes - 1),
+    )
+    body = {"text_1": "Where is the Eiffel Tower?", "text_2": DOCS, "model": "rerank"}
+    try:
+        server.wait_ready()
+        refused = server.post("/score", json=body)
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
+        assert refused.json()["error"]["code"] == "no_room"
+        assert "WARMPOOL_MEMORY_BUDGET" in refused.json()["error"]["message"]
+        assert states(server)["rerank"] == "unloaded"
+        assert server.post("/v1/embeddings", json={"input": "still here"}).status_code == 200
+    finally:
+        assert server.stop() == 0
