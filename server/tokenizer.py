@@ -18,8 +18,8 @@ from typing import Any, Literal
 from tokenizers import Encoding, Tokenizer
 
 from common.causal_reranker import PairTemplate
+from common.folderjson import ModelError
 from common.late_interaction import LateInteraction
-from common.modelfolder import ModelError
 from common.wire import Tokens
 
 # The most a TEI token span takes less the text it covers: {"id":..,"text":"","special":false,
