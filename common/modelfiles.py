@@ -22,7 +22,13 @@ _CONFIG_FILES = (
     "config_sentence_transformers.json",
     "preprocessor_config.json",  # a CLIP or SigLIP folder's image preprocessing
 )
-_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+def _tokenizer_files(path: Path) -> list[Path]:
+    """tokenizer_config.json and tokenizer.json; without tokenizer.json, sentencepiece's model, which
+    a SigLIP folder's tokenizer is built from (server/siglip_tokenizer.py)."""
+    name = "tokenizer.json" if (path / "tokenizer.json").is_file() else "spiece.model"
+    return [path / "tokenizer_config.json", path / name]
 
 
 def files_to_load(path: Path) -> list[Path]:
@@ -46,7 +52,7 @@ def files_to_load(path: Path) -> list[Path]:
     module_configs = [
         path / str(m.get("path", "")) / "config.json" for m in modules if isinstance(m, dict) and m.get("path")
     ]
-    named = [path / n for n in _CONFIG_FILES] + module_configs + [path / n for n in _TOKENIZER_FILES]
+    named = [path / n for n in _CONFIG_FILES] + module_configs + _tokenizer_files(path)
     module_weights = [f.parent / n for f in module_configs for n in ("model.safetensors", "pytorch_model.bin")]
     heads = read_m3(path)
     extra = [f for f in module_weights if f.is_file()] + ([] if heads is None else heads.files())
