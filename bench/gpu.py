@@ -26,7 +26,8 @@ from bench.load import load
 
 
 def exactness(model: Path, texts: list[str]) -> None:
-    from common.modelfolder import read_model_folder, weight_files
+    from common.modelfiles import weight_files
+    from common.modelfolder import read_model_folder
     from engine.device import memory_detail, place
     from engine.model import PoolingModel
     from server.tokenizer import TokenizerPool

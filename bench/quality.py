@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import MODEL
-from common.modelfolder import ModelError, read_model_folder
+from common.folderjson import ModelError
+from common.modelfolder import read_model_folder
 from engine.device import place
 from engine.model import PoolingModel
 from server.tokenizer import TokenizerPool

@@ -24,7 +24,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from common.modelfolder import ModelError, ModelFolder, pickled_weights
+from common.folderjson import ModelError
+from common.modelfiles import pickled_weights
+from common.modelfolder import ModelFolder
 
 DTYPES = {
     "F64": torch.float64,

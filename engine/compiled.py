@@ -33,7 +33,10 @@ CONSTANTS = "constants.pt"
 # The engine's own code is part of the key: the graph is traced from it (and from the model folder's reading).
 SOURCES = [
     *sorted(Path(__file__).parent.glob("*.py")),
-    *(Path(__file__).parents[1] / "common" / name for name in ("modelfolder.py", "splade.py")),
+    *(
+        Path(__file__).parents[1] / "common" / name
+        for name in ("modelfolder.py", "folderjson.py", "st_modules.py", "modelfiles.py", "splade.py")
+    ),
 ]
 
 

@@ -10,10 +10,11 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from common.modelfolder import DenseLayer, ModelError
+from common.folderjson import ModelError
+from common.st_modules import DenseLayer
 from engine.layers import no_init
 
-# common.modelfolder.DENSE_ACTIVATIONS names -> what the torch.nn class computes
+# common.st_modules.DENSE_ACTIVATIONS names -> what the torch.nn class computes
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "Identity": lambda x: x,
     "Tanh": torch.tanh,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from common.modelfolder import ModelError
+from common.folderjson import ModelError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 INT8 = "int8"  # float32 compute with the layers' projections in int8 (engine/int8.py); CPU only

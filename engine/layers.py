@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.cpus import usable_cpus
-from common.modelfolder import ModelError
+from common.folderjson import ModelError
 from engine.checkpoint import read_checkpoint
 from engine.packed import Packed
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from common import m3
-from common.modelfolder import ModelError
+from common.folderjson import ModelError
 from engine.layers import no_init
 from engine.packed import Packed
 

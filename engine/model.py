@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.modelfolder import ModelError, ModelFolder
+from common.folderjson import ModelError
+from common.modelfolder import ModelFolder
 from common.wire import Tokens
 from engine import clip, dense, int8, m3, multivector, preloaded, rows, sparse
 from engine.device import Placement

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from common.modelfolder import ModelError
+from common.folderjson import ModelError
 from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate, stacked
 from engine.packed import Packed
 

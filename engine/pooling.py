@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from common.modelfolder import PoolingMode
+from common.st_modules import PoolingMode
 from engine.packed import Packed
 
 

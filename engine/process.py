@@ -14,7 +14,9 @@ from collections.abc import MutableSequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from common.modelfolder import ModelError, read_model_folder, weight_files
+from common.folderjson import ModelError
+from common.modelfiles import weight_files
+from common.modelfolder import read_model_folder
 from common.wire import EngineSpec, Keyed, Msg, Tokens, send
 from engine.batching import GROUP_TOKENS, Pending, split_by_length, split_by_urgency, split_packed
 from engine.checkpoint import refuse_pickles

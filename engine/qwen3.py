@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.modelfolder import ModelError
+from common.folderjson import ModelError
 from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate, stacked
 from engine.packed import Packed
 

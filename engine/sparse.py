@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from common.modelfolder import ModelError
+from common.folderjson import ModelError
 from common.splade import Splade
 from engine.checkpoint import read_checkpoint
 from engine.layers import ACTIVATIONS, legacy_norm_names, no_init

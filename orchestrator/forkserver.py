@@ -18,7 +18,8 @@ from pathlib import Path
 import structlog
 
 from common.devices import DeviceError
-from common.modelfolder import ModelError, read_model_folder
+from common.folderjson import ModelError
+from common.modelfolder import read_model_folder
 from common.settings import Settings
 from common.startup import StartupState
 from common.wire import FORKSERVER_MODELS_ENV

@@ -16,7 +16,8 @@ from typing import Any
 import structlog
 import uvicorn
 
-from common.modelfolder import ModelError, ModelFolder, read_model_folder
+from common.folderjson import ModelError
+from common.modelfolder import ModelFolder, read_model_folder
 from common.settings import Settings
 from common.startup import ModelPhases, StartupState
 from orchestrator.binding import EarlyResponder

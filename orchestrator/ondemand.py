@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
 
-from common.modelfolder import ModelError, files_to_load
+from common.folderjson import ModelError
+from common.modelfiles import files_to_load
 from common.procmem import process_memory
 from common.settings import Settings
 from common.startup import ModelPhases

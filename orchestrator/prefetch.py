@@ -20,7 +20,9 @@ from typing import Any
 
 import structlog
 
-from common.modelfolder import ModelError, files_to_load, read_model_folder
+from common.folderjson import ModelError
+from common.modelfiles import files_to_load
+from common.modelfolder import read_model_folder
 from orchestrator import readorder, residency
 from orchestrator.envfiles import Extent, environment_extents, packages_for
 from orchestrator.memory import available_bytes
@@ -107,7 +109,7 @@ class Progress:
 
 
 def model_files(folder: Path) -> list[Path]:
-    """The files serving the folder reads, in the order they are read (common.modelfolder), less any
+    """The files serving the folder reads, in the order they are read (common.modelfiles), less any
     that a symlink leads out of the volume: the folder itself, or the cached repo for a Hugging Face
     snapshot, whose files link into the repo's blobs/."""
     volume = folder.parent.parent if folder.parent.name == "snapshots" else folder

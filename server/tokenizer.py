@@ -18,9 +18,10 @@ from typing import Any, Literal
 from tokenizers import Encoding, Tokenizer
 
 from common.causal_reranker import PairTemplate
+from common.folderjson import ModelError
 from common.late_interaction import LateInteraction
-from common.modelfolder import ModelError
 from common.wire import Tokens
+from server.siglip_tokenizer import SPIECE, is_siglip, siglip_tokenizer
 
 # The most a TEI token span takes less the text it covers: {"id":..,"text":"","special":false,
 # "start":..,"stop":..}, with 7-digit offsets, or a special token's text and nulls.
@@ -48,11 +49,7 @@ class TokenizerPool:
     def __init__(
         self, folder: Path, pair_template: PairTemplate | None = None, late: LateInteraction | None = None
     ) -> None:
-        path = folder / "tokenizer.json"
-        try:
-            prototype = Tokenizer.from_file(str(path))
-        except Exception as exc:  # the tokenizers library raises bare Exceptions
-            raise ModelError(f"cannot load tokenizer {path}: {exc}") from exc
+        prototype = _load(folder)
         prototype.no_padding()
         prototype.no_truncation()
         self.folder = folder
@@ -207,6 +204,24 @@ class TokenizerPool:
                 raise TooManyTokens(index, len(encoding.ids))
         budget(sum(SPAN_BYTES * len(e.ids) + len(t.encode()) for t, e in zip(texts, encodings, strict=True)), "inputs")
         return [_spans(text, e) for text, e in zip(texts, encodings, strict=True)]
+
+
+def _load(folder: Path) -> Tokenizer:
+    """The folder's tokenizer.json; without one, a SigLIP folder's sentencepiece model (spiece.model)."""
+    path = folder / "tokenizer.json"
+    if not path.is_file() and (folder / SPIECE).is_file():
+        if not is_siglip(folder):
+            raise ModelError(
+                f"{folder} has {SPIECE} but no tokenizer.json: only SigLIP's sentencepiece tokenizer is built "
+                "from it; save the tokenizer with transformers to write its tokenizer.json"
+            )
+        return siglip_tokenizer(folder)
+    if not path.is_file():
+        raise ModelError(f"no tokenizer in {folder}: it needs tokenizer.json (or, for a SigLIP model, {SPIECE})")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers library raises bare Exceptions
+        raise ModelError(f"cannot load tokenizer {path}: {exc}") from exc
 
 
 class TooManyTokens(ValueError):

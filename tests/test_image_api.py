@@ -32,7 +32,11 @@ def data_url(data: bytes, kind: str = "png") -> str:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("vision")
-    return {"clip": build_clip(root / "clip"), "siglip": build_siglip(root / "siglip")}
+    return {
+        "clip": build_clip(root / "clip"),
+        "siglip": build_siglip(root / "siglip"),
+        "siglip-spm": build_siglip(root / "siglip-spm", spm=True),  # spiece.model, no tokenizer.json
+    }
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +78,13 @@ def images_host() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def siglip_server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """SigLIP with image URLs fetched from 127.0.0.1 alone (the test's HTTP server)."""
+    """SigLIP (the default) with image URLs fetched from 127.0.0.1 alone (the test's HTTP server), and
+    beside it the SigLIP folder that ships sentencepiece's model alone."""
     log = tmp_path_factory.mktemp("logs") / "siglip.log"
-    with serving(folders["siglip"], log, image_urls="allowlist", image_url_allowlist="127.0.0.1") as proc:
+    models = f"siglip={folders['siglip']},siglip-spm={folders['siglip-spm']}"
+    with serving(
+        folders["siglip"], log, models=models, image_urls="allowlist", image_url_allowlist="127.0.0.1"
+    ) as proc:
         yield proc
 
 
@@ -97,7 +105,7 @@ def expected_texts(folder: Path, texts: list[str]) -> np.ndarray:
 
     # SigLIP's processor pads to the full length and passes no attention mask (its tokenizer's only input
     # is input_ids): the padding is attended to
-    padding = "max_length" if folder.name == "siglip" else False
+    padding = "max_length" if folder.name.startswith("siglip") else False
     model, tokenizer = AutoModel.from_pretrained(str(folder)), AutoTokenizer.from_pretrained(str(folder))
     with torch.no_grad():
         ids = [tokenizer([t], return_tensors="pt", padding=padding)["input_ids"] for t in texts]
@@ -222,6 +230,17 @@ def test_siglip_texts_are_padded_as_its_processor_pads(siglip_server: ServerProc
     """SigLIP's text vectors equal transformers' on texts padded to the full length."""
     got = vectors(siglip_server.post("/v1/embeddings", json={"input": TEXTS}))
     np.testing.assert_allclose(got, expected_texts(folders["siglip"], TEXTS), atol=1e-5, rtol=0)
+
+
+def test_siglip_folder_with_only_spiece_model_embeds_texts_as_transformers(
+    siglip_server: ServerProcess, folders: dict[str, Path]
+) -> None:
+    """A SigLIP folder with spiece.model and no tokenizer.json: texts (punctuation, capitals, extra spaces,
+    unicode, one left empty by the canonicalisation) answer SiglipModel's text features on SiglipTokenizer's
+    ids padded to the full length, within 1e-5."""
+    texts = ["A photo of a CAT!", "  ΟΔΟΣ,  résumé… 東京  ", "e-mail: someone@example.com (50% off)", "ﬁne Ⅻ", "..."]
+    got = vectors(siglip_server.post("/v1/embeddings", json={"model": "siglip-spm", "input": texts}))
+    np.testing.assert_allclose(got, expected_texts(folders["siglip-spm"], texts), atol=1e-5, rtol=0)
 
 
 def test_models_list_image_among_input_modalities(appliance: ServerProcess) -> None:

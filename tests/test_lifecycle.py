@@ -118,7 +118,7 @@ def test_sigterm_finishes_in_flight_requests(model_dir: Path, log_path: Path) ->
     wait_for(lambda: all(gone(pid) for pid in children), 10, "children to exit")
 
 
-@pytest.mark.parametrize("damage", ["missing", "truncated", "bad_config", "wrong_types"])
+@pytest.mark.parametrize("damage", ["missing", "truncated", "bad_config", "wrong_types", "no_tokenizer"])
 def test_broken_model_fails_its_phase_and_exits_nonzero(
     model_dir: Path, tmp_path: Path, log_path: Path, damage: str
 ) -> None:
@@ -133,14 +133,20 @@ def test_broken_model_fails_its_phase_and_exits_nonzero(
     if damage == "wrong_types":  # valid JSON the forkserver preload once crashed on, before probes
         config = json.loads((folder / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": "lots"}))
+    if damage == "no_tokenizer":  # neither tokenizer.json nor sentencepiece's spiece.model
+        (folder / "tokenizer.json").unlink()
     server = ServerProcess(folder, log_path, fail_linger=2)
     try:
         failed = server.wait_failed()
         assert [p["name"] for p in failed] == ["engine"]
         error = failed[0]["detail"]["error"]
-        expected = {"missing": "not found", "truncated": "model", "bad_config": "config.json", "wrong_types": "lots"}[
-            damage
-        ]
+        expected = {
+            "missing": "not found",
+            "truncated": "model",
+            "bad_config": "config.json",
+            "wrong_types": "lots",
+            "no_tokenizer": "no tokenizer",
+        }[damage]
         assert expected in error, error
         assert "\n" not in error and "Traceback" not in error  # one line; the traceback is in the log
         assert server.get("/health/ready").status_code == 503

@@ -1,5 +1,6 @@
 """Tiny random-weight CLIP and SigLIP folders, saved as transformers saves them (weights, config,
-tokenizer.json, preprocessor_config.json), built offline; and images made in the test."""
+tokenizer.json or SigLIP's spiece.model, preprocessor_config.json), built offline; and images made in
+the test."""
 
 from __future__ import annotations
 
@@ -56,21 +57,69 @@ def build_clip(dest: Path, seed: int = 21, legacy_eos: bool = False) -> Path:
     return dest
 
 
-def build_siglip(dest: Path, seed: int = 22) -> Path:
+# What the sentencepiece model of build_siglip(spm=True) is trained on: words with case, punctuation,
+# accents, Greek (final sigma), Cyrillic, CJK, digits; characters outside it encode as <unk>.
+SPM_CORPUS = (
+    "A photo of a cat, a dog and two birds! The warm pool serves models.",
+    "Hello world: the engine encodes text quickly; résumé, café, naïve, Über, smörgåsbord.",
+    "ΟΔΟΣ σας Σίσυφος οδός. Привет мир, как дела? 東京 タワー 日本語 中文字.",
+    "Numbers 12345 and 3.14, e-mail someone@example.com (parens) [brackets] {braces} #tag 50% off.",
+    "“Quotes” and ‘single’ ones… ellipsis — dash – and the ends of lines.",  # noqa: RUF001
+)
+
+
+def siglip_spm_tokenizer(folder: Path, max_length: int) -> Any:
+    """SigLIP's tokenizer as google/siglip-* ship it: a sentencepiece Unigram model (spiece.model, nmt_nfkc
+    normalisation, T5's layout: <pad>=0, </s>=1, <unk>=2) trained here on SPM_CORPUS, loaded by
+    transformers' SiglipTokenizer, which saves spiece.model and tokenizer_config.json into `folder`
+    (no tokenizer.json). Training is deterministic: the same ids every time."""
+    import io
+
+    import sentencepiece as spm
+    from transformers import SiglipTokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SPM_CORPUS * 3),
+        model_writer=model,
+        vocab_size=160,
+        hard_vocab_limit=False,
+        model_type="unigram",
+        normalization_rule_name="nmt_nfkc",
+        character_coverage=1.0,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        num_threads=1,
+        minloglevel=2,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "spiece.model").write_bytes(model.getvalue())
+    tokenizer = SiglipTokenizer(vocab_file=str(folder / "spiece.model"), model_max_length=max_length)
+    tokenizer.save_pretrained(folder)
+    (folder / "tokenizer.json").unlink(missing_ok=True)
+    return tokenizer
+
+
+def build_siglip(dest: Path, seed: int = 22, spm: bool = False) -> Path:
     """A SiglipModel: bidirectional text tower pooled at its last token through a head, image tower
-    pooled by attention. Its tokenizer is a Unigram one (real SigLIP folders ship sentencepiece's)."""
+    pooled by attention. Its tokenizer is a Unigram one in tokenizer.json (16 positions); with `spm`,
+    sentencepiece's spiece.model alone, as real SigLIP folders ship it (64 positions, as theirs)."""
     import torch
     from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
 
-    tokenizer = xlm_roberta_tokenizer()
-    text = {**TEXT, "vocab_size": len(tokenizer), "max_position_embeddings": 16, "projection_size": 32}
+    positions = 64 if spm else 16
+    tokenizer = siglip_spm_tokenizer(dest, positions) if spm else xlm_roberta_tokenizer()
+    text = {**TEXT, "vocab_size": len(tokenizer), "max_position_embeddings": positions, "projection_size": 32}
     text.update(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     text.update(bos_token_id=tokenizer.bos_token_id)
     config = SiglipConfig(text_config=text, vision_config=VISION)
     torch.manual_seed(seed)
     jitter(SiglipModel(config), seed).eval().save_pretrained(dest)
-    tokenizer.model_max_length = 16
-    tokenizer.save_pretrained(dest)
+    if not spm:
+        tokenizer.model_max_length = positions
+        tokenizer.save_pretrained(dest)
     SiglipImageProcessor(size={"height": 32, "width": 32}, resample=2).save_pretrained(dest)  # bilinear
     return dest
 

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from common.modelfolder import ModelError, read_model_folder
+from common.folderjson import ModelError
+from common.modelfolder import read_model_folder
 from common.wire import EngineSpec, Msg
 from engine import preloaded
 from engine.checkpoint import read_checkpoint, read_safetensors, release_unused_pages

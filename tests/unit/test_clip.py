@@ -102,7 +102,7 @@ def test_folder_reads_as_a_native_dual_encoder(tmp_path: Path) -> None:
 
 def test_siglip2_naflex_folder_is_refused_by_name(tmp_path: Path) -> None:
     """A SigLIP 2 NaFlex folder (model_type siglip2) fails with a reason, not served as a text model."""
-    from common.modelfolder import ModelError
+    from common.folderjson import ModelError
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "siglip2", "architectures": ["Siglip2Model"]}))
     with pytest.raises(ModelError, match="NaFlex"):

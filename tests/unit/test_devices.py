@@ -89,7 +89,7 @@ def test_cuda_is_never_touched_before_the_engine_asks_for_its_device() -> None:
 
 def test_weight_files_are_known_without_torch(model_dir: Path) -> None:
     """The engine reads ahead exactly the weights the loader reads (here one safetensors file)."""
-    from common.modelfolder import weight_files
+    from common.modelfiles import weight_files
 
     assert [p.name for p in weight_files(model_dir)] == ["model.safetensors"]
 

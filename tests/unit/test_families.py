@@ -23,8 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.modelfolder import DENSE_ACTIVATIONS, DenseLayer, ModelError, read_model_folder
+from common.folderjson import ModelError
+from common.modelfolder import read_model_folder
 from common.native import NATIVE_ACTIVATIONS, NATIVE_FAMILIES
+from common.st_modules import DENSE_ACTIVATIONS, DenseLayer
 from common.wire import Tokens
 from engine import dense, gemma3, nomic_gte
 from engine.device import Placement

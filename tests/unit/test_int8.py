@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from common.modelfolder import ModelError, read_model_folder
+from common.folderjson import ModelError
+from common.modelfolder import read_model_folder
 from common.wire import Tokens
 from engine import device
 from engine.device import Placement, place

@@ -9,7 +9,10 @@ from typing import Any
 
 import pytest
 
-from common.modelfolder import DenseLayer, ModelError, files_to_load, read_model_folder
+from common.folderjson import ModelError
+from common.modelfiles import files_to_load
+from common.modelfolder import read_model_folder
+from common.st_modules import DenseLayer
 
 BERT_CONFIG: dict[str, Any] = {
     "architectures": ["BertModel"],

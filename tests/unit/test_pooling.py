@@ -19,7 +19,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from common.modelfolder import PoolingMode, read_model_folder
+from common.modelfolder import read_model_folder
+from common.st_modules import PoolingMode
 from common.wire import Tokens
 from engine.model import PoolingModel
 from engine.packed import Packed

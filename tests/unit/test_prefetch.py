@@ -48,6 +48,20 @@ def test_weights_come_last_and_extras_are_left_out(tmp_path: Path) -> None:
     assert [p.name for p in model_files(folder)] == ["config.json", "tokenizer.json", "model.safetensors"]
 
 
+def test_sentencepiece_model_is_the_tokenizer_read_without_tokenizer_json(tmp_path: Path) -> None:
+    """A folder with spiece.model and no tokenizer.json (SigLIP's) reads spiece.model after
+    tokenizer_config.json; beside a tokenizer.json, spiece.model is never read."""
+    folder = folder_with(tmp_path, "config.json", "tokenizer_config.json", "spiece.model", "model.safetensors")
+    assert [p.name for p in model_files(folder)] == [
+        "config.json",
+        "tokenizer_config.json",
+        "spiece.model",
+        "model.safetensors",
+    ]
+    (folder / "tokenizer.json").write_text("{}")
+    assert "spiece.model" not in [p.name for p in model_files(folder)]
+
+
 def test_a_sharded_checkpoint_reads_its_index_then_its_shards(tmp_path: Path) -> None:
     """model.safetensors.index.json names the shards: the index, then each shard once."""
     folder = folder_with(tmp_path, "config.json", "a.safetensors", "b.safetensors", "stale.safetensors")

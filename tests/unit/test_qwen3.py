@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from common.causal_reranker import CAUSAL_RERANKERS, QWEN3_RERANKER
-from common.modelfolder import ModelError, read_model_folder
+from common.folderjson import ModelError
+from common.modelfolder import read_model_folder
 from engine import qwen3
 from engine.families import SCORERS
 from engine.model import PoolingModel

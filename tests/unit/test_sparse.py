@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.modelfolder import ModelError, read_model_folder
+from common.folderjson import ModelError
+from common.modelfolder import read_model_folder
 from common.splade import Splade
 from engine import sparse
 from engine.model import PoolingModel

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.modelfolder import ModelError, read_model_folder, read_prompts
+from common.folderjson import ModelError
+from common.modelfolder import read_model_folder, read_prompts
 from server.errors import APIError, error_response
 from server.outputs import quantize, to_json
 from server.prompts import prompt_for_input_type, prompt_text
