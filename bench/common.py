@@ -58,10 +58,11 @@ class Connection:
         self.writer: asyncio.StreamWriter | None = None
 
     async def post(self, path: str, body: Any) -> tuple[int, dict[str, str], bytes]:
+        """POST `body` as JSON (bytes: JSON already encoded, as for bench.images' large bodies)."""
         if self.writer is None or self.writer.is_closing():
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         assert self.reader is not None
-        payload = json.dumps(body).encode()
+        payload = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.writer.write(
             f"POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
             f"content-length: {len(payload)}\r\n\r\n".encode()

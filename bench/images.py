@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import json
 import os
 import random
 import statistics
@@ -59,11 +60,16 @@ def data_urls(jpegs: list[bytes]) -> list[str]:
     return [f"data:image/jpeg;base64,{base64.b64encode(data).decode()}" for data in jpegs]
 
 
-def image_requests(urls: list[str], per_request: int = 1, model: str | None = None) -> Callable[[random.Random], Any]:
-    """Request bodies for bench.load's clients: `per_request` of the images in Infinity's shape."""
+def image_requests(urls: list[str], per_request: int = 1, model: str | None = None) -> Callable[[random.Random], bytes]:
+    """Request bodies for bench.load's clients: `per_request` of the images in Infinity's shape, as
+    JSON bytes joined from the images' strings encoded once (json.dumps of a 120 KB body is 0.2 ms of
+    the cores the server is measured on; the join, 0.01)."""
+    encoded = [json.dumps(url).encode() for url in urls]
+    head = json.dumps({"model": model} if model else {})[:-1].encode()  # the object left open
+    start = head + (b', "input": [' if model else b'"input": [')
 
-    def body(rng: random.Random) -> dict[str, Any]:
-        return {**({"model": model} if model else {}), "input": rng.choices(urls, k=per_request), "modality": "image"}
+    def body(rng: random.Random) -> bytes:
+        return start + b", ".join(rng.choices(encoded, k=per_request)) + b'], "modality": "image"}'
 
     return body
 
