@@ -84,6 +84,7 @@ class Connection:
 def _probe(port: int, path: str, interval: float, conn: Any) -> None:
     latencies: list[float] = []
     client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.send("ready")
     while not conn.poll(interval):
         started = time.perf_counter()
         client.request("GET", path)
@@ -93,13 +94,16 @@ def _probe(port: int, path: str, interval: float, conn: Any) -> None:
 
 
 class Prober:
-    """GET `path` every `interval` seconds from another process; stop() returns latencies in ms."""
+    """GET `path` every `interval` seconds from another process; stop() returns latencies in ms.
+    Returns once that process has started: its interpreter's start (~0.3 s of CPU) is not paid
+    inside the load it measures (it was the slowest request of every 1-client window)."""
 
     def __init__(self, port: int, path: str = "/health/live", interval: float = 0.02) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_probe, args=(port, path, interval, child), daemon=True)
         self._proc.start()
+        self._conn.recv()  # "ready"
 
     def stop(self) -> list[float]:
         self._conn.send("stop")

@@ -110,6 +110,7 @@ async def load(
     """`clients` keep-alive clients, one request at a time each to `route`, for `seconds`, while
     `probe` is polled. A request is one of `texts`, or what `body` makes (`per_request` inputs)."""
     window = Window(per_request=per_request)
+    prober = Prober(port, probe)
     deadline = time.perf_counter() + seconds
     make = body or (lambda rng: {"input": rng.choice(texts)})
 
@@ -125,7 +126,6 @@ async def load(
                 window.errors += 1
         conn.close()
 
-    prober = Prober(port, probe)
     started = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(clients)))
     window.seconds = time.perf_counter() - started
