@@ -58,10 +58,11 @@ class Connection:
         self.writer: asyncio.StreamWriter | None = None
 
     async def post(self, path: str, body: Any) -> tuple[int, dict[str, str], bytes]:
+        """POST `body` as JSON (bytes: JSON already encoded, as for bench.images' large bodies)."""
         if self.writer is None or self.writer.is_closing():
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         assert self.reader is not None
-        payload = json.dumps(body).encode()
+        payload = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.writer.write(
             f"POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
             f"content-length: {len(payload)}\r\n\r\n".encode()
@@ -83,6 +84,7 @@ class Connection:
 def _probe(port: int, path: str, interval: float, conn: Any) -> None:
     latencies: list[float] = []
     client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.send("ready")
     while not conn.poll(interval):
         started = time.perf_counter()
         client.request("GET", path)
@@ -92,13 +94,16 @@ def _probe(port: int, path: str, interval: float, conn: Any) -> None:
 
 
 class Prober:
-    """GET `path` every `interval` seconds from another process; stop() returns latencies in ms."""
+    """GET `path` every `interval` seconds from another process; stop() returns latencies in ms.
+    Returns once that process has started: its interpreter's start (~0.3 s of CPU) is not paid
+    inside the load it measures (it was the slowest request of every 1-client window)."""
 
     def __init__(self, port: int, path: str = "/health/live", interval: float = 0.02) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_probe, args=(port, path, interval, child), daemon=True)
         self._proc.start()
+        self._conn.recv()  # "ready"
 
     def stop(self) -> list[float]:
         self._conn.send("stop")

@@ -19,12 +19,20 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from bench.common import MODEL, Connection, Prober, pct, run, sentences
 from bench.flops import achieved_gflops, peak_gflops
 from tests.server_process import ServerProcess
+
+
+class Baseline(Protocol):
+    """What a level's windows alternate with: the raw model's inputs/s, measured then and there."""
+
+    def throughput(self) -> float: ...
 
 
 class RawModel:
@@ -69,10 +77,11 @@ class Window:
     latencies: list[float] = field(default_factory=list)
     probes: list[float] = field(default_factory=list)
     errors: int = 0
+    per_request: int = 1  # inputs each request carries
 
     @property
     def inputs_s(self) -> float:
-        return len(self.latencies) / self.seconds if self.seconds else 0.0
+        return len(self.latencies) * self.per_request / self.seconds if self.seconds else 0.0
 
     @property
     def probe_p99(self) -> float:
@@ -84,6 +93,7 @@ class Window:
             self.latencies + other.latencies,
             self.probes + other.probes,
             self.errors + other.errors,
+            self.per_request,
         )
 
 
@@ -94,25 +104,28 @@ async def load(
     texts: list[str],
     route: str = "/v1/embeddings",
     probe: str = "/health/live",
+    body: Callable[[random.Random], Any] | None = None,
+    per_request: int = 1,
 ) -> Window:
-    """`clients` keep-alive clients, one single-string request at a time each to `route`, for
-    `seconds`, while `probe` is polled."""
-    window = Window()
+    """`clients` keep-alive clients, one request at a time each to `route`, for `seconds`, while
+    `probe` is polled. A request is one of `texts`, or what `body` makes (`per_request` inputs)."""
+    window = Window(per_request=per_request)
+    prober = Prober(port, probe)
     deadline = time.perf_counter() + seconds
+    make = body or (lambda rng: {"input": rng.choice(texts)})
 
     async def client(seed: int) -> None:
         rng = random.Random(seed)
         conn = Connection(port)
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
-            status, _, _ = await conn.post(route, {"input": rng.choice(texts)})
+            status, _, _ = await conn.post(route, make(rng))
             if status == 200:
                 window.latencies.append((time.perf_counter() - t0) * 1000)
             else:
                 window.errors += 1
         conn.close()
 
-    prober = Prober(port, probe)
     started = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(clients)))
     window.seconds = time.perf_counter() - started
@@ -125,18 +138,28 @@ class Level:
     clients: int
     total: Window
     ratios: list[float]  # each window's inputs/s over the raw runs around it
-    raw: list[float]  # raw-model sentences/s before the first window and after each
+    raw: list[float]  # raw-model inputs/s before the first window and after each
     stages: dict[str, float] = field(default_factory=dict)  # the server's mean ms per stage (STAGES)
 
 
 def run_level(
-    port: int, raw: RawModel, clients: int, seconds: float, windows: int, texts: list[str], route: str
+    port: int,
+    raw: Baseline,
+    clients: int,
+    seconds: float,
+    windows: int,
+    texts: list[str],
+    route: str,
+    probe: str = "/health/live",
+    body: Callable[[random.Random], Any] | None = None,
+    per_request: int = 1,
 ) -> Level:
+    """`windows` windows of load(), each after a raw run, and one raw run after the last."""
     rates = [raw.throughput()]
-    total, ratios = Window(), []
+    total, ratios = Window(per_request=per_request), []
     before = server_times(port, route)
     for _ in range(windows):
-        window = run(load(port, clients, seconds / windows, texts, route))
+        window = run(load(port, clients, seconds / windows, texts, route, probe, body, per_request))
         rates.append(raw.throughput())
         ratios.append(window.inputs_s / statistics.mean(rates[-2:]))
         total += window

@@ -8,6 +8,8 @@ To compare code, run B from another source tree, e.g. a worktree of the base com
 Usage: .venv/bin/python -m bench.paired [--b engines=1] [--b-source DIR] [--a ""] [--rounds 5] [--seconds 5]
        [--clients 32]
 Tracing's cost: --b otlp_endpoint={collector} (an OTLP/HTTP receiver is started for it).
+Images: --images serves bench.images' ViT-B/32-shaped CLIP its JPEGs, one a request (use --seconds 10:
+a 32-client round trip takes over a second).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import tempfile
 from pathlib import Path
 
 from bench.common import MODEL, ROOT, run, sentences
+from bench.images import data_urls, image_requests, photos
 from bench.load import Window, load, pct
 from tests.otlp_receiver import HttpReceiver
 from tests.server_process import ServerProcess
+from tests.tiny_vision import VIT_B_32, build_clip
 
 
 def settings(text: str) -> dict[str, str]:
@@ -36,8 +40,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--images", action="store_true", help="bench.images' model and images instead of texts")
     args = parser.parse_args()
-    texts = sentences(2000)
+    texts = data_urls(photos(8)) if args.images else sentences(2000)
+    body = image_requests(texts) if args.images else None
     collector = None
     if "{collector}" in args.a + args.b:  # an OTLP receiver for tracing's cost: otlp_endpoint={collector}
         collector = HttpReceiver(decode=False)
@@ -47,10 +53,11 @@ def main() -> None:
     if configs["A"] == configs["B"] and sources["A"] == sources["B"]:
         parser.error("A and B are the same: give --b settings or a --b-source tree")
     with tempfile.TemporaryDirectory() as tmp:
+        model = build_clip(Path(tmp) / "clip-vit-b-32", shape=VIT_B_32) if args.images else MODEL
         servers = {
             name: ServerProcess(
-                MODEL, Path(tmp) / f"{name}.log", source=sources[name], log_level="warning", **cfg
-            ).wait_ready()
+                model, Path(tmp) / f"{name}.log", source=sources[name], log_level="warning", **cfg
+            ).wait_ready(600)
             for name, cfg in configs.items()
         }
         results: dict[str, list[Window]] = {"A": [], "B": []}
@@ -59,7 +66,8 @@ def main() -> None:
                 server.wait_engines()
             for round_ in range(args.rounds):
                 for name in "AB" if round_ % 2 == 0 else "BA":
-                    results[name].append(run(load(servers[name].port, args.clients, args.seconds, texts)))
+                    port = servers[name].port
+                    results[name].append(run(load(port, args.clients, args.seconds, texts, body=body)))
         finally:
             for server in servers.values():
                 server.stop()

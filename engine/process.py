@@ -23,6 +23,7 @@ from engine.checkpoint import refuse_pickles
 from engine.compiler import Compilation
 from engine.device import memory_detail, place
 from engine.heap import HeapTrim
+from engine.inbox import Inbox
 from engine.model import PoolingModel
 from engine.threads import ThreadShare
 
@@ -137,24 +138,25 @@ def serve_batches(
     compilation: Compilation | None = None,
 ) -> None:
     pending = Pending()
+    inbox = Inbox(conn, reader=model.info.vision is not None)  # images arrive while a group computes
     while True:
         try:
             if not pending:
                 share.idle()
-                if not conn.poll(0):  # nothing waiting: the moment to hand freed memory back
+                if not inbox.poll(0):  # nothing waiting: the moment to hand freed memory back
                     heap.idle()
-                while compilation is not None and compilation.pending and not conn.poll(COMPILE_POLL_S):
+                while compilation is not None and compilation.pending and not inbox.poll(COMPILE_POLL_S):
                     _switch_if_built(conn, compilation)
-                if not _handle(conn, conn.recv(), pending):
+                if not _handle(conn, inbox.recv(), pending):
                     return
-            while conn.poll(0):
-                if not _handle(conn, conn.recv(), pending):
+            while inbox.poll(0):
+                if not _handle(conn, inbox.recv(), pending):
                     return
         except (EOFError, OSError):
             return  # the HTTP process is gone: nothing left to serve
         batch = pending.take(spec.max_batch_tokens, spec.max_batch_size)
         try:
-            if batch and not _run_batch(conn, model, batch, overhead, share, pending):
+            if batch and not _run_batch(inbox, model, batch, overhead, share, pending):
                 return
         except (EOFError, OSError):
             return
@@ -187,9 +189,9 @@ def _handle(conn: Connection, message: tuple[str, Any], pending: Pending, cancel
 
 
 def _run_batch(
-    conn: Connection, model: PoolingModel, batch: list[Keyed], overhead: float, share: ThreadShare, pending: Pending
+    inbox: Inbox, model: PoolingModel, batch: list[Keyed], overhead: float, share: ThreadShare, pending: Pending
 ) -> bool:
-    """Run `batch` group by group; False if told to stop meanwhile. Between groups the pipe is read:
+    """Run `batch` group by group; False if told to stop meanwhile. Between groups the inbox is read:
     inputs more urgent than any left in the batch stop it there, and what it had not run goes back
     to `pending` (a bulk batch yields to interactive work within one group's time)."""
     # A batch runs as groups whose results stream back one by one, so the HTTP loop never
@@ -199,11 +201,12 @@ def _run_batch(
         groups = split_packed(batch, pending.bulk_group_tokens())
     else:
         groups = [group for run in split_by_urgency(batch) for group in split_by_length(run, overhead)]
+    conn = inbox.conn
     cancelled: set[int] = set()
     for index, group in enumerate(groups):
         if index:
-            while conn.poll(0):
-                if not _handle(conn, conn.recv(), pending, cancelled):
+            while inbox.poll(0):
+                if not _handle(conn, inbox.recv(), pending, cancelled):
                     return False
             if cancelled:  # acknowledged as dropped: they must not run (the client no longer counts them)
                 group = [item for item in group if item[0] not in cancelled]

@@ -1,10 +1,12 @@
 """Tiny random-weight CLIP and SigLIP folders, saved as transformers saves them (weights, config,
 tokenizer.json or SigLIP's spiece.model, preprocessor_config.json), built offline; and images made in
-the test."""
+the test. A CLIP folder can also take a real model's shapes (VIT_B_32, for bench.images), still with
+random weights."""
 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,42 @@ TEXT = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num
 VISION = {**TEXT, "image_size": 32, "patch_size": 8}
 
 
-def clip_tokenizer() -> Any:
+@dataclass(frozen=True)
+class ClipShape:
+    """A CLIP folder's shapes: each tower's config keys, the projection's width, the text positions
+    (and the tokenizer's limit), and the processor's resize (its crop is the image tower's square)."""
+
+    text: dict[str, int] = field(default_factory=lambda: dict(TEXT))
+    vision: dict[str, int] = field(default_factory=lambda: dict(VISION))
+    projection: int = 24
+    positions: int = 16
+    shortest_edge: int = 40  # then a 32 x 32 crop: both steps do something to every test image
+
+
+# openai/clip-vit-base-patch32's shapes; its vocabulary's size, which covers clip_tokenizer's few ids
+VIT_B_32 = ClipShape(
+    text={
+        "hidden_size": 512,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 8,
+        "vocab_size": 49408,
+    },
+    vision={
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "image_size": 224,
+        "patch_size": 32,
+    },
+    projection=512,
+    positions=77,
+    shortest_edge=224,
+)
+
+
+def clip_tokenizer(max_length: int = 16) -> Any:
     """CLIP's byte-level BPE (words end in </w>) from a fixed vocabulary: the byte symbols, WORDS merged
     one character at a time, then <|startoftext|> and <|endoftext|> last (the highest ids, as in
     openai/clip-vit-base-patch32), added around every text."""
@@ -35,25 +72,30 @@ def clip_tokenizer() -> Any:
             vocab.setdefault(piece, len(vocab))
     for special in ("<|startoftext|>", "<|endoftext|>"):
         vocab[special] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=16)
+    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
 
 
-def build_clip(dest: Path, seed: int = 21, legacy_eos: bool = False) -> Path:
+def build_clip(dest: Path, seed: int = 21, legacy_eos: bool = False, shape: ClipShape | None = None) -> Path:
     """A CLIPModel: causal text tower pooled at its end-of-text token (with `legacy_eos`, the config's
-    eos_token_id is 2, as folders from before transformers fixed it: the highest id is pooled)."""
+    eos_token_id is 2, as folders from before transformers fixed it: the highest id is pooled); the
+    tiny shapes unless `shape` says otherwise."""
     import torch
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
-    tokenizer = clip_tokenizer()
+    shape = shape or ClipShape()
+    tokenizer = clip_tokenizer(shape.positions)
     eos = 2 if legacy_eos else tokenizer.eos_token_id
-    text = {**TEXT, "vocab_size": len(tokenizer), "max_position_embeddings": 16, "eos_token_id": eos}
-    text.update(bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id)
-    config = CLIPConfig(text_config=text, vision_config=VISION, projection_dim=24)
+    text = {"vocab_size": len(tokenizer), **shape.text, "max_position_embeddings": shape.positions}
+    text.update(eos_token_id=eos, bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = CLIPConfig(text_config=text, vision_config=shape.vision, projection_dim=shape.projection)
     torch.manual_seed(seed)
     jitter(CLIPModel(config), seed).eval().save_pretrained(dest)
     tokenizer.save_pretrained(dest)
-    # shortest edge 40 then a 32 x 32 crop: both steps do something to every test image
-    CLIPImageProcessor(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32}).save_pretrained(dest)
+    crop = shape.vision["image_size"]
+    processor = CLIPImageProcessor(
+        size={"shortest_edge": shape.shortest_edge}, crop_size={"height": crop, "width": crop}
+    )
+    processor.save_pretrained(dest)
     return dest
 
 

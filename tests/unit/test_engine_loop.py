@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
+from multiprocessing.connection import Connection
 
 import numpy as np
+import pytest
 
 from common.wire import Msg, Tokens, send
 from engine.batching import Pending
+from engine.inbox import Inbox
 from engine.process import _handle, _run_batch
 
 
@@ -28,6 +32,41 @@ def test_stop_ends_the_loop() -> None:
     assert _handle(theirs, (Msg.STOP, None), Pending()) is False
 
 
+@pytest.fixture(params=[True, False], ids=["reader", "no-reader"])
+def reader(request: pytest.FixtureRequest) -> bool:
+    """Engines of image models read their pipe on a thread of their own, the others between groups."""
+    return bool(request.param)
+
+
+def received(conn: Connection, reader: bool) -> Inbox:
+    """An engine's inbox on `conn` once what was sent has reached it (before a batch starts)."""
+    inbox = Inbox(conn, reader)
+    assert inbox.poll(5)
+    return inbox
+
+
+def test_the_inbox_receives_while_the_engine_computes() -> None:
+    """Images larger together than the socket's buffer all reach the engine while it is busy (it
+    reads nothing meanwhile): the sender is not held up, and the next batch finds them all."""
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    inbox = Inbox(theirs)
+    pixels = np.zeros((3, 224, 224), dtype=np.float32)  # 600 KB
+    sender = threading.Thread(
+        target=lambda: [send(ours, (Msg.SUBMIT, [(k, Tokens([0], pixels=pixels))])) for k in range(8)]
+    )
+    sender.start()
+    sender.join(10)
+    assert not sender.is_alive()
+    messages = []
+    while inbox.poll(0.5):
+        messages.append(inbox.recv())
+    assert [(kind, body[0][0]) for kind, body in messages] == [(Msg.SUBMIT, k) for k in range(8)]
+    ours.close()
+    for _ in range(2):  # the pipe's end, every time it is asked, as Connection.recv says it
+        with pytest.raises(EOFError):
+            inbox.recv()
+
+
 class FakeModel:
     """Stands in for a packed PoolingModel: one zero vector per input."""
 
@@ -42,62 +81,61 @@ class FakeShare:
         pass
 
 
-def test_more_urgent_work_stops_a_batch_between_groups() -> None:
+def test_more_urgent_work_stops_a_batch_between_groups(reader: bool) -> None:
     """An urgent input arriving while a bulk batch runs stops it after the group in progress: the
     groups not run go back to the queue behind the urgent input, in their order."""
     ours, theirs = multiprocessing.Pipe(duplex=True)
     bulk = [(key, Tokens(list(range(300)), priority=1)) for key in range(3)]  # one group each
     send(ours, (Msg.SUBMIT, [(9, Tokens([1, 2, 3]))]))  # priority 0, there before the second group
-    assert theirs.poll(5)
     pending = Pending()
-    assert _run_batch(theirs, FakeModel(), bulk, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
+    assert _run_batch(received(theirs, reader), FakeModel(), bulk, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
     kind, (keys, _, _) = ours.recv()
     assert (kind, keys) == (Msg.RESULT, [0])
     assert not ours.poll(0.1)  # nothing else ran
     assert [key for key, _ in pending] == [9, 1, 2]
 
 
-def test_work_of_the_same_priority_waits_for_the_batch() -> None:
+def test_work_of_the_same_priority_waits_for_the_batch(reader: bool) -> None:
     """Inputs no more urgent than the batch's are queued and the batch runs to its end."""
     ours, theirs = multiprocessing.Pipe(duplex=True)
     batch = [(key, Tokens(list(range(300)))) for key in range(3)]
     send(ours, (Msg.SUBMIT, [(9, Tokens([1, 2, 3]))]))
     pending = Pending()
-    assert _run_batch(theirs, FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
+    assert _run_batch(received(theirs, reader), FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
     assert [ours.recv()[1][0] for _ in range(3)] == [[0], [1], [2]]
     assert [key for key, _ in pending] == [9]
 
 
-def test_an_urgent_input_read_earlier_stops_the_batch_at_the_first_bulk_group() -> None:
+def test_an_urgent_input_read_earlier_stops_the_batch_at_the_first_bulk_group(reader: bool) -> None:
     """An urgent input that arrived while urgent groups ran waits for them, not for the bulk
     groups after them: the batch yields where its bulk part starts."""
     ours, theirs = multiprocessing.Pipe(duplex=True)
     batch = [(key, Tokens(list(range(300)), priority=0 if key < 2 else 1)) for key in range(4)]
     send(ours, (Msg.SUBMIT, [(9, Tokens([1, 2, 3]))]))
     pending = Pending()
-    assert _run_batch(theirs, FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
+    assert _run_batch(received(theirs, reader), FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
     assert [ours.recv()[1][0] for _ in range(2)] == [[0], [1]]
     assert not ours.poll(0.1)
     assert [key for key, _ in pending] == [9, 2, 3]
 
 
-def test_inputs_cancelled_during_a_batch_do_not_run() -> None:
+def test_inputs_cancelled_during_a_batch_do_not_run(reader: bool) -> None:
     """A CANCEL read between groups drops those inputs from the groups not run yet, as it is
     acknowledged (the client stops counting them at once)."""
     ours, theirs = multiprocessing.Pipe(duplex=True)
     batch = [(key, Tokens(list(range(300)))) for key in range(3)]
     send(ours, (Msg.CANCEL, [1]))
     pending = Pending()
-    assert _run_batch(theirs, FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
+    assert _run_batch(received(theirs, reader), FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
     answers = [ours.recv() for _ in range(3)]
     assert [a[0] for a in answers] == [Msg.RESULT, Msg.CANCELLED, Msg.RESULT]
     assert [answers[0][1][0], answers[2][1][0]] == [[0], [2]]
     assert not ours.poll(0.1)
 
 
-def test_stop_during_a_batch_ends_it() -> None:
+def test_stop_during_a_batch_ends_it(reader: bool) -> None:
     """STOP read between groups: the batch stops there and says the engine should stop."""
     ours, theirs = multiprocessing.Pipe(duplex=True)
     batch = [(key, Tokens(list(range(300)))) for key in range(3)]
     send(ours, (Msg.STOP, None))
-    assert _run_batch(theirs, FakeModel(), batch, 0.0, FakeShare(), Pending()) is False  # type: ignore[arg-type]
+    assert _run_batch(received(theirs, reader), FakeModel(), batch, 0.0, FakeShare(), Pending()) is False  # type: ignore[arg-type]
