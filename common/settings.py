@@ -141,7 +141,7 @@ class Settings(BaseSettings):
         "address is fetched only from a host named here.",
     )
     image_url_timeout: float = Field(
-        10.0, gt=0, description="Seconds one image URL's fetch may take, redirects included."
+        10.0, gt=0, description="Seconds a request's image URL fetches may take together, redirects included."
     )
     image_url_redirects: int = Field(3, ge=0, le=10, description="Redirects an image URL may take, each checked again.")
 

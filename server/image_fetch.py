@@ -59,11 +59,12 @@ def check_url(url: str, settings: Settings, where: str) -> tuple[str, str, int, 
     return parts.scheme, host, port, address
 
 
-def fetch(url: str, settings: Settings, where: str) -> bytes:
+def fetch(url: str, settings: Settings, where: str, deadline: float | None = None) -> bytes:
     """The URL's body (following at most WARMPOOL_IMAGE_URL_REDIRECTS redirects, each checked), within
-    WARMPOOL_MAX_IMAGE_BYTES and WARMPOOL_IMAGE_URL_TIMEOUT; else a 400 naming `where`."""
+    WARMPOOL_MAX_IMAGE_BYTES and by `deadline` (time.monotonic(); the request's, else
+    WARMPOOL_IMAGE_URL_TIMEOUT from now); else a 400 naming `where`."""
     field = where.split("[")[0]
-    deadline = time.monotonic() + settings.image_url_timeout
+    deadline = time.monotonic() + settings.image_url_timeout if deadline is None else deadline
     for _ in range(settings.image_url_redirects + 1):
         scheme, host, port, address = check_url(url, settings, where)
         try:

@@ -47,21 +47,24 @@ class Picture:
     bit_depth: int  # bits per pixel, all channels (24 for RGB, 32 for RGBA, 8 for grey or a palette)
 
 
-def image_input(source: str, vision: Vision, settings: Settings, where: str) -> tuple[Tokens, Picture]:
+def image_input(
+    source: str, vision: Vision, settings: Settings, where: str, deadline: float | None = None
+) -> tuple[Tokens, Picture]:
     """A source as an engine input (its pixels, and one placeholder id per position the image tower
-    computes on: batching and usage count an image by that work), and what it was."""
-    data = read_source(source, settings, where)  # an image URL's fetch waits for no decoding
+    computes on: batching and usage count an image by that work), and what it was. An image URL is
+    fetched by `deadline` (image_fetch.fetch)."""
+    data = read_source(source, settings, where, deadline)  # an image URL's fetch waits for no decoding
     with DECODING:
         image, picture = opened(data, settings, where)
         pixels = preprocess(image, vision.steps)
     return Tokens([0] * vision.positions, pixels=pixels), picture
 
 
-def read_source(source: str, settings: Settings, where: str) -> bytes:
+def read_source(source: str, settings: Settings, where: str, deadline: float | None = None) -> bytes:
     """The encoded image a source names: a data: URL's payload, an http(s) URL's body (where
     allowed), or the source itself as base64; its size checked before it is decoded from base64."""
     if source.startswith(("http://", "https://")):
-        return image_fetch.fetch(source, settings, where)
+        return image_fetch.fetch(source, settings, where, deadline)
     payload = source
     if source.startswith("data:"):
         header, comma, payload = source.partition(",")

@@ -68,6 +68,7 @@ class RequestContext:
     configured: tuple[str, ...] = ()  # every model's name, ready or not
     chosen: bool = False  # the request named its model: no other is picked for it
     priority: int = 0  # lower runs first; above 0 is bulk work, kept out of the admission reserve
+    url_deadline: float | None = None  # by when its image URLs are fetched, all together (time.monotonic())
 
     @property
     def folder(self) -> ModelFolder:

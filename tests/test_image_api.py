@@ -9,6 +9,7 @@ import base64
 import http.server
 import io
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tests.tiny_vision import build_clip, build_siglip, image_bytes
 from tests.unit.test_images import bomb
 
 FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
+SLOW_S = 1.0  # how long the test host's /slow.png takes to answer
 TEXTS = ["the warm pool", "hello world"]
 
 
@@ -52,11 +54,15 @@ def appliance(
 
 @pytest.fixture(scope="module")
 def images_host() -> Iterator[str]:
-    """A local HTTP server with one PNG at /cat.png, and /moved redirecting to it."""
+    """A local HTTP server with one PNG at /cat.png, /moved redirecting to it, and /slow.png: the same
+    PNG from a slow host (answered SLOW_S after it is asked)."""
     png = image_bytes("PNG", seed=5)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if self.path == "/slow.png":
+                time.sleep(SLOW_S)  # the slow host itself, not a wait for anything
+                self.path = "/cat.png"
             if self.path == "/moved":
                 self.send_response(302)
                 self.send_header("Location", "/cat.png")
@@ -224,6 +230,23 @@ def test_allowlisted_url_is_fetched_and_redirects_followed(
     got = vectors(siglip_server.post("/v1/embeddings", json=body))
     want = expected_images(folders["siglip"], [image_bytes("PNG", seed=5)] * 2)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_a_requests_image_urls_share_one_timeout(folders: dict[str, Path], images_host: str, tmp_path: Path) -> None:
+    """WARMPOOL_IMAGE_URL_TIMEOUT bounds all of a request's URL fetches together: one slow image fits
+    it, a second from the same slow host does not (a 400 naming it), where each alone would."""
+    with serving(
+        folders["siglip"],
+        tmp_path / "log",
+        image_urls="allowlist",
+        image_url_allowlist="127.0.0.1",
+        image_url_timeout=1.6 * SLOW_S,
+    ) as server:
+        one = server.post("/v1/embeddings", json={"input": [f"{images_host}/slow.png"], "modality": "image"})
+        assert one.status_code == 200, one.text
+        two = server.post("/v1/embeddings", json={"input": [f"{images_host}/slow.png"] * 2, "modality": "image"})
+        assert two.status_code == 400, two.text
+        assert "input[1]" in two.json()["error"]["message"] and "timed out" in two.json()["error"]["message"]
 
 
 def test_siglip_texts_are_padded_as_its_processor_pads(siglip_server: ServerProcess, folders: dict[str, Path]) -> None:
