@@ -66,6 +66,12 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param, code="invalid_value")
 
 
+def field_of(where: str) -> str:
+    """The request's field an input's name is in (an error's `param`): `input` of `input[2]`, `text_2`
+    of `text_2.content[0]`."""
+    return where.split("[")[0].split(".")[0]
+
+
 def error_response(exc: APIError) -> JSONResponse:
     body: dict[str, Any]
     if exc.shape == "tei":

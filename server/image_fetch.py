@@ -17,7 +17,7 @@ import time
 from urllib.parse import urljoin, urlsplit
 
 from common.settings import Settings
-from server.errors import APIError, bad_request
+from server.errors import APIError, bad_request, field_of
 
 CHUNK = 64 * 1024
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -31,7 +31,7 @@ def allowlist(settings: Settings) -> tuple[frozenset[str], tuple[str, ...]]:
 
 def check_url(url: str, settings: Settings, where: str) -> tuple[str, str, int, str]:
     """(scheme, host, port, address to connect to) for a URL that may be fetched; else a 400."""
-    field = where.split("[")[0]
+    field = field_of(where)
     if settings.image_urls != "allowlist":
         raise bad_request(
             f"{where}: image URLs are not fetched (WARMPOOL_IMAGE_URLS=off); send the image as a data: URL or base64",
@@ -63,7 +63,7 @@ def fetch(url: str, settings: Settings, where: str, deadline: float | None = Non
     """The URL's body (following at most WARMPOOL_IMAGE_URL_REDIRECTS redirects, each checked), within
     WARMPOOL_MAX_IMAGE_BYTES and by `deadline` (time.monotonic(); the request's, else
     WARMPOOL_IMAGE_URL_TIMEOUT from now); else a 400 naming `where`."""
-    field = where.split("[")[0]
+    field = field_of(where)
     deadline = time.monotonic() + settings.image_url_timeout if deadline is None else deadline
     for _ in range(settings.image_url_redirects + 1):
         scheme, host, port, address = check_url(url, settings, where)
@@ -102,21 +102,21 @@ def _get(
             return response.status, response.getheader("Location"), b""
         length = response.getheader("Content-Length")
         if length is not None and length.isdigit() and int(length) > limit:
-            raise bad_request(
-                f"{where}: {url} is larger than WARMPOOL_MAX_IMAGE_BYTES ({limit} bytes)", where.split("[")[0]
-            )
+            raise _too_large(where, url, limit)
         chunks, size = [], 0
         while chunk := response.read(CHUNK):
             size += len(chunk)
             if size > limit:
-                raise bad_request(
-                    f"{where}: {url} is larger than WARMPOOL_MAX_IMAGE_BYTES ({limit} bytes)", where.split("[")[0]
-                )
+                raise _too_large(where, url, limit)
             _left(deadline)  # each read is bounded by the socket's timeout, the whole by the deadline
             chunks.append(chunk)
         return 200, None, b"".join(chunks)
     finally:
         sock.close()
+
+
+def _too_large(where: str, url: str, limit: int) -> APIError:
+    return bad_request(f"{where}: {url} is larger than WARMPOOL_MAX_IMAGE_BYTES ({limit} bytes)", field_of(where))
 
 
 def _left(deadline: float) -> float:

@@ -24,7 +24,7 @@ from common.settings import Settings
 from common.vision import ImageSteps, Vision
 from common.wire import Tokens
 from server import image_fetch
-from server.errors import APIError, bad_request
+from server.errors import APIError, bad_request, field_of
 
 FORMATS = ("PNG", "JPEG", "WEBP")  # the decoders Pillow may use: nothing else is tried on a request's bytes
 # WARMPOOL_MAX_IMAGE_PIXELS is checked from the header before anything is decoded (decode()): Pillow's
@@ -69,7 +69,7 @@ def read_source(source: str, settings: Settings, where: str, deadline: float | N
     if source.startswith("data:"):
         header, comma, payload = source.partition(",")
         if not comma or not header.endswith(";base64"):
-            raise bad_request(f"{where}: a data: URL must be base64 (data:image/png;base64,...)", where.split("[")[0])
+            raise bad_request(f"{where}: a data: URL must be base64 (data:image/png;base64,...)", field_of(where))
     payload = payload.strip()
     if len(payload) // 4 * 3 > settings.max_image_bytes:  # the decoded size, without decoding
         raise too_large(where, settings)
@@ -77,13 +77,13 @@ def read_source(source: str, settings: Settings, where: str, deadline: float | N
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise bad_request(
-            f"{where} is neither a data: URL, an http(s) URL nor base64 of an image", where.split("[")[0]
+            f"{where} is neither a data: URL, an http(s) URL nor base64 of an image", field_of(where)
         ) from None
 
 
 def too_large(where: str, settings: Settings) -> APIError:
     return bad_request(
-        f"{where} is larger than WARMPOOL_MAX_IMAGE_BYTES ({settings.max_image_bytes} bytes)", where.split("[")[0]
+        f"{where} is larger than WARMPOOL_MAX_IMAGE_BYTES ({settings.max_image_bytes} bytes)", field_of(where)
     )
 
 
@@ -95,7 +95,7 @@ def decode(data: bytes, settings: Settings, where: str) -> Image.Image:
 
 def opened(data: bytes, settings: Settings, where: str) -> tuple[Image.Image, Picture]:
     """decode()'s RGB image, and the image as it was sent."""
-    field = where.split("[")[0]
+    field = field_of(where)
     if len(data) > settings.max_image_bytes:
         raise too_large(where, settings)
     try:

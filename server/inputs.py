@@ -19,7 +19,7 @@ from common.modelfolder import ModelFolder
 from common.settings import Settings
 from common.wire import Tokens
 from server.admission import Admission
-from server.errors import APIError, Shape, bad_request, from_validation
+from server.errors import APIError, Shape, bad_request, field_of, from_validation
 from server.services import ServedModel
 from server.tokenizer import Direction, TokenizerPool
 
@@ -260,7 +260,7 @@ def capped(text: str, info: ModelFolder, where: str, truncating: bool, direction
     raise bad_request(
         f"{where} has {len(text)} characters, more than the {limit} this model's {info.max_model_len}-token "
         "maximum allows; shorten it or set truncate_prompt_tokens",
-        where.split("[")[0],
+        field_of(where),
     )
 
 
@@ -284,7 +284,7 @@ def check_length(n_tokens: int, info: ModelFolder, where: str) -> None:
         raise bad_request(
             f"{where} has {n_tokens} tokens, more than the model's maximum of {info.max_model_len}; "
             "shorten it or set truncate_prompt_tokens",
-            where.split("[")[0],
+            field_of(where),
         )
 
 

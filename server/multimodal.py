@@ -23,6 +23,7 @@ from common.vision import Vision
 from common.wire import Tokens
 from server import images, inputs, outputs
 from server.engine_client import Outcome
+from server.errors import field_of
 from server.inputs import RequestContext
 from server.pipeline import Prepared, envelope
 from server.protocol import Body, ContentPart, Part
@@ -111,12 +112,12 @@ def conversation(messages: list[dict[str, Any]], where: str) -> Item:
     if pictures and (texts or len(pictures) > 1):
         raise inputs.bad_request(
             f"{where}: this model embeds one text or one image per input, not both or several images",
-            _field(where),
+            field_of(where),
         )
     if pictures:
         return "image", pictures[0]
     if not texts:
-        raise inputs.bad_request(f"{where} has no text and no image", _field(where))
+        raise inputs.bad_request(f"{where} has no text and no image", field_of(where))
     return "text", " ".join(texts)
 
 
@@ -124,11 +125,6 @@ def conversation(messages: list[dict[str, Any]], where: str) -> Item:
 class Encoded:
     tokens: list[Tokens]  # the engine's inputs, in the order of the items
     pictures: list[images.Picture]  # the images among them, as sent, in order
-
-
-def _field(where: str) -> str:
-    """The request's field an input's name is in: `inputs` of `inputs[2]`, `text_2` of `text_2.content[0]`."""
-    return where.split("[")[0].split(".")[0]
 
 
 def part_item(part: dict[str, Any], where: str) -> Item:
@@ -139,9 +135,9 @@ def part_item(part: dict[str, Any], where: str) -> Item:
         url = part.get("image_url")
         url = url.get("url") if isinstance(url, dict) else url
         if not isinstance(url, str):
-            raise inputs.bad_request(f"{where}: an image_url part needs a url", _field(where))
+            raise inputs.bad_request(f"{where}: an image_url part needs a url", field_of(where))
         return "image", url
-    raise inputs.bad_request(f"{where}: a content part is text or image_url", _field(where))
+    raise inputs.bad_request(f"{where}: a content part is text or image_url", field_of(where))
 
 
 def encode(items: list[Item], ctx: RequestContext, field: str, truncate: int | None = None) -> Encoded:
