@@ -2,9 +2,10 @@
 
 The engine reads its pipe between groups, and the socket under the pipe holds about 200 KB (the
 kernel's default send buffer): past that the HTTP process's sender waits. Texts are a few hundred
-bytes each, but an image is its pixels (float32, 3 x 224 x 224: 600 KB), so an engine reading only
-between groups found one image waiting after each, however many were queued behind it: at 32
-clients on bench.images' ViT-B/32 it ran groups of 1-3 images, each a pass over the tower's weights.
+bytes each, but an image is its pixels (3 x 224 x 224: 150 KB, 600 KB when they were float32), so
+an engine reading only between groups found one image waiting after each, however many were queued
+behind it: at 32 clients on bench.images' ViT-B/32 it ran groups of 1-3 images, each a pass over the
+tower's weights.
 Received here while torch computes (its operators release the GIL), they wait in the engine's queue
 and the next batch takes them all: groups of ~5, 1.12x the images/s (bench.paired --images).
 

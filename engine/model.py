@@ -64,7 +64,8 @@ class PoolingModel:
     def forward(self, items: list[Tokens]) -> np.ndarray:
         """One forward pass; rows in the order of items, float32."""
         if isinstance(self.model, clip.DualEncoder):  # texts and images: each through its tower
-            return clip.embed(self.model, items, self.placement.device)
+            assert self.info.vision is not None  # a dual encoder's folder has its vision config
+            return clip.embed(self.model, items, self.placement.device, self.info.vision.steps)
         if self.info.native:
             packed = Packed.of(items).to(self.placement.device)
             out = self._run(packed)
@@ -141,7 +142,7 @@ class PoolingModel:
         forward = self.forward_tokens if self.info.kind == "multi-vector" else self.forward
         warmup = warm_up(forward, self.model, self.pad_id + 1, self.placement.device)
         if self.info.vision is not None:  # and the image tower, with one image
-            warmup.detail["image_forward_ms"] = clip.warm_image(self.model, self.info.vision.positions)
+            warmup.detail["image_forward_ms"] = clip.warm_image(self.model, self.info.vision)
         return warmup
 
 

@@ -23,7 +23,7 @@ import torch
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
 from engine.model import PoolingModel
-from tests.tiny_vision import build_clip, build_siglip
+from tests.tiny_vision import VISION, ClipShape, build_clip, build_siglip
 
 TOLERANCE = 1e-5  # float32, projections included
 
@@ -39,8 +39,19 @@ def texts(folder: Path, eos: int) -> list[list[int]]:
     return [[eos - 1, 5, 9, eos], [eos - 1, 40, 41, 42, 43, 44, eos, eos], [eos - 1, eos]]
 
 
-def pixels(n: int, size: int) -> torch.Tensor:
-    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(3))
+def pixels(n: int, size: int) -> np.ndarray:
+    """Images as the server sends them: uint8 [3, size, size], resized and cropped, not normalised."""
+    return np.random.default_rng(3).integers(0, 256, (n, 3, size, size), dtype=np.uint8)
+
+
+def pixel_values(folder: Path, image: np.ndarray) -> np.ndarray:
+    """The folder's transformers image processor's input for the tower from a uint8 image already of
+    the tower's size: rescaled and normalised, not resized or cropped."""
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(str(folder))
+    out = processor(image.transpose(1, 2, 0), do_resize=False, do_center_crop=False, return_tensors="np")
+    return out["pixel_values"][0]  # type: ignore[no-any-return]
 
 
 def assert_both_towers(folder: Path, ids: list[list[int]], image_size: int) -> float:
@@ -49,10 +60,12 @@ def assert_both_towers(folder: Path, ids: list[list[int]], image_size: int) -> f
     model = PoolingModel(info, threads=1)
     ref = reference(folder)
     images = pixels(3, image_size)
+    assert info.vision is not None
+    normalised = torch.from_numpy(np.stack([pixel_values(folder, image) for image in images]))
     with torch.no_grad():
         want_text = torch.cat([ref.get_text_features(input_ids=torch.tensor([i])).pooler_output for i in ids])
-        want_image = ref.get_image_features(pixel_values=images).pooler_output
-    items = [Tokens(i) for i in ids] + [Tokens([0] * 5, pixels=images[j].numpy()) for j in range(3)]
+        want_image = ref.get_image_features(pixel_values=normalised).pooler_output
+    items = [Tokens(i) for i in ids] + [Tokens([0] * 5, pixels=image) for image in images]
     # texts and images interleaved: each row lands where its input was
     order = [k for pair in zip_longest(range(len(ids)), range(len(ids), len(items))) for k in pair if k is not None]
     got = model.forward([items[k] for k in order])
@@ -84,6 +97,15 @@ def test_siglip_text_and_image_vectors_equal_transformers(tmp_path: Path) -> Non
     folder = build_siglip(tmp_path / "siglip")
     padded = [[5, 9, 2] + [1] * 13, [40, 41, 42, 43, 44, 2] + [1] * 10, [7] * 16]
     assert_both_towers(folder, padded, 32)
+
+
+def test_patches_past_the_last_whole_one_are_left_out(tmp_path: Path) -> None:
+    """An image size that is no multiple of the patch size (as SigLIP's 384 px in 14 px patches): the
+    remainder rows and columns are left out, as the patch convolution leaves them."""
+    shape = ClipShape(vision={**VISION, "image_size": 30}, shortest_edge=30)
+    folder = build_clip(tmp_path / "clip-30", shape=shape)
+    eos = read_model_folder(folder).config["text_config"]["eos_token_id"]
+    assert_both_towers(folder, texts(folder, eos), 30)
 
 
 def test_folder_reads_as_a_native_dual_encoder(tmp_path: Path) -> None:

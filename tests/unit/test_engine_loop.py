@@ -50,7 +50,7 @@ def test_the_inbox_receives_while_the_engine_computes() -> None:
     reads nothing meanwhile): the sender is not held up, and the next batch finds them all."""
     ours, theirs = multiprocessing.Pipe(duplex=True)
     inbox = Inbox(theirs)
-    pixels = np.zeros((3, 224, 224), dtype=np.float32)  # 600 KB
+    pixels = np.zeros((3, 224, 224), dtype=np.uint8)  # 150 KB, as the server sends them: 1.2 MB in all
     sender = threading.Thread(
         target=lambda: [send(ours, (Msg.SUBMIT, [(k, Tokens([0], pixels=pixels))])) for k in range(8)]
     )

@@ -17,6 +17,7 @@ from PIL import Image
 
 from common.modelfolder import read_model_folder
 from common.settings import Settings
+from engine.pixels import normalised
 from server import image_fetch, images
 from server.errors import APIError
 from tests.tiny_vision import build_clip, build_siglip, image_bytes
@@ -52,14 +53,16 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_preprocessing_equals_transformers(
     folders: dict[str, Path], family: str, fmt: str, size: tuple[int, int], mode: str
 ) -> None:
-    """Decode, convert to RGB (alpha over white), resize, crop, rescale and normalise give the very
-    pixel values the folder's transformers image processor gives for the same file."""
+    """Decode, convert to RGB (alpha over white), resize and crop (the server: uint8, what it sends),
+    rescale and normalise (the engine) give the very pixel values the folder's transformers image
+    processor gives for the same file."""
     data = image_bytes(fmt, size, mode)
     vision = read_model_folder(folders[family]).vision
     assert vision is not None
-    got = images.preprocess(images.decode(data, SETTINGS, "input"), vision.steps)
+    sent = images.preprocess(images.decode(data, SETTINGS, "input"), vision.steps)
+    got = normalised([sent], vision.steps)[0]  # in the engine
     want = processor(folders[family])(Image.open(io.BytesIO(data)), return_tensors="np")["pixel_values"][0]
-    assert got.dtype == np.float32 and got.shape == want.shape
+    assert sent.dtype == np.uint8 and got.dtype == np.float32 and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
 
 
