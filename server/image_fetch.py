@@ -4,7 +4,9 @@ hosts WARMPOOL_IMAGE_URL_ALLOWLIST names, within a size, time and redirect limit
 No server-side request forgery: the host is resolved once here and the connection goes to the very
 address checked (a second lookup could answer otherwise); a loopback, link-local, private or other
 non-global address is refused unless the allowlist names that exact host (not through a `*.domain`
-entry); every redirect is a new URL checked the same way. Runs on the executor (blocking sockets).
+entry); every redirect is a new URL checked the same way. Blocking sockets, on threads of their own:
+a request's URLs are fetched WINDOW at a time (its time is about its slowest fetch's, not their
+sum), by FETCHERS threads shared by every request (no number of requests opens more connections).
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import ipaddress
 import socket
 import ssl
 import time
+from collections.abc import Generator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as WaitTimeout
 from urllib.parse import urljoin, urlsplit
 
 from common.settings import Settings
@@ -21,6 +26,29 @@ from server.errors import APIError, bad_request, field_of
 
 CHUNK = 64 * 1024
 REDIRECTS = (301, 302, 303, 307, 308)
+FETCHERS = 8  # connections open at once, all requests together
+WINDOW = 4  # a request's fetches under way or fetched and not yet decoded: its bodies held at once
+GRACE_S = 1.0  # past the deadline, for a fetch that had to wait for a thread to see it and say so
+_pool = ThreadPoolExecutor(FETCHERS, thread_name_prefix="warmpool-image-url")
+
+
+def fetch_each(urls: list[tuple[str, str]], settings: Settings, deadline: float) -> Generator[bytes, None, None]:
+    """Each (url, where)'s body in order (fetch()), the next WINDOW fetched while one is used; a
+    failure raises where its URL comes, and the fetches not yet begun are dropped."""
+    started: list[Future[bytes]] = []
+    try:
+        for i, (_, where) in enumerate(urls):
+            while len(started) < min(i + WINDOW, len(urls)):
+                url, at = urls[len(started)]
+                started.append(_pool.submit(fetch, url, settings, at, deadline))
+            try:
+                yield started[i].result(timeout=max(0.0, deadline - time.monotonic()) + GRACE_S)
+            except WaitTimeout:
+                raise bad_request(f"{where}: fetching {urls[i][0]} timed out", field_of(where)) from None
+            started[i] = Future()  # its body is the caller's now: not held here for the rest
+    finally:
+        for future in started:
+            future.cancel()
 
 
 def allowlist(settings: Settings) -> tuple[frozenset[str], tuple[str, ...]]:

@@ -14,6 +14,7 @@ import binascii
 import io
 import math
 import threading
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,17 +48,26 @@ class Picture:
     bit_depth: int  # bits per pixel, all channels (24 for RGB, 32 for RGBA, 8 for grey or a palette)
 
 
-def image_input(
-    source: str, vision: Vision, settings: Settings, where: str, deadline: float | None = None
-) -> tuple[Tokens, Picture]:
-    """A source as an engine input (its pixels, and one placeholder id per position the image tower
-    computes on: batching and usage count an image by that work), and what it was. An image URL is
-    fetched by `deadline` (image_fetch.fetch)."""
-    data = read_source(source, settings, where, deadline)  # an image URL's fetch waits for no decoding
+def image_input(data: bytes, vision: Vision, settings: Settings, where: str) -> tuple[Tokens, Picture]:
+    """An image's bytes as an engine input (its pixels, and one placeholder id per position the image
+    tower computes on: batching and usage count an image by that work), and what it was."""
     with DECODING:
         image, picture = opened(data, settings, where)
         pixels = preprocess(image, vision.steps)
     return Tokens([0] * vision.positions, pixels=pixels), picture
+
+
+def read_sources(sources: list[tuple[str, str]], settings: Settings, deadline: float) -> Generator[bytes, None, None]:
+    """Each (source, where)'s encoded image in order (read_source()); http(s) URLs fetched a few at
+    once ahead of their turn, all by `deadline` (image_fetch.fetch_each)."""
+    urls = [(source, where) for source, where in sources if source.startswith(("http://", "https://"))]
+    fetched = image_fetch.fetch_each(urls, settings, deadline)
+    try:
+        for source, where in sources:
+            is_url = source.startswith(("http://", "https://"))
+            yield next(fetched) if is_url else read_source(source, settings, where)
+    finally:
+        fetched.close()  # drops the fetches not begun, whatever ended the loop
 
 
 def read_source(source: str, settings: Settings, where: str, deadline: float | None = None) -> bytes:

@@ -12,6 +12,7 @@ SigLIP's texts are padded to the full length with its pad token, as its processo
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -154,10 +155,11 @@ def encode(items: list[Item], ctx: RequestContext, field: str, truncate: int | N
     pictures = []
     if ctx.url_deadline is None:  # set once: /score's two sides and /rerank's query and documents share it
         ctx.url_deadline = time.monotonic() + ctx.settings.image_url_timeout
-    for i, (kind, source) in enumerate(items):
-        if kind == "image":
-            where = f"{field}[{i}]" if len(items) > 1 else field
-            out[i], picture = images.image_input(source, vision, ctx.settings, where, ctx.url_deadline)
+    at = [i for i, (kind, _) in enumerate(items) if kind == "image"]
+    sources = [(items[i][1], f"{field}[{i}]" if len(items) > 1 else field) for i in at]
+    with contextlib.closing(images.read_sources(sources, ctx.settings, ctx.url_deadline)) as bodies:
+        for i, (_, where), data in zip(at, sources, bodies, strict=True):
+            out[i], picture = images.image_input(data, vision, ctx.settings, where)
             pictures.append(picture)
     return Encoded([t for t in out if t is not None], pictures)
 

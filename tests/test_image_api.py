@@ -232,9 +232,12 @@ def test_allowlisted_url_is_fetched_and_redirects_followed(
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
-def test_a_requests_image_urls_share_one_timeout(folders: dict[str, Path], images_host: str, tmp_path: Path) -> None:
-    """WARMPOOL_IMAGE_URL_TIMEOUT bounds all of a request's URL fetches together: one slow image fits
-    it, a second from the same slow host does not (a 400 naming it), where each alone would."""
+def test_a_requests_image_urls_are_fetched_at_once_within_one_timeout(
+    folders: dict[str, Path], images_host: str, tmp_path: Path
+) -> None:
+    """A request's image URLs are fetched at once: two from a slow host fit a WARMPOOL_IMAGE_URL_TIMEOUT
+    that one after the other would not. The timeout bounds all of a request's fetches together: /score
+    fetches its second side after its first, and that one, from the same slow host, is a 400 naming it."""
     with serving(
         folders["siglip"],
         tmp_path / "log",
@@ -242,11 +245,12 @@ def test_a_requests_image_urls_share_one_timeout(folders: dict[str, Path], image
         image_url_allowlist="127.0.0.1",
         image_url_timeout=1.6 * SLOW_S,
     ) as server:
-        one = server.post("/v1/embeddings", json={"input": [f"{images_host}/slow.png"], "modality": "image"})
-        assert one.status_code == 200, one.text
         two = server.post("/v1/embeddings", json={"input": [f"{images_host}/slow.png"] * 2, "modality": "image"})
-        assert two.status_code == 400, two.text
-        assert "input[1]" in two.json()["error"]["message"] and "timed out" in two.json()["error"]["message"]
+        assert two.status_code == 200, two.text
+        slow = {"content": [{"type": "image_url", "image_url": {"url": f"{images_host}/slow.png"}}]}
+        sides = server.post("/score", json={"text_1": slow, "text_2": slow})
+        assert sides.status_code == 400, sides.text
+        assert "text_2" in sides.json()["error"]["message"] and "timed out" in sides.json()["error"]["message"]
 
 
 def test_siglip_texts_are_padded_as_its_processor_pads(siglip_server: ServerProcess, folders: dict[str, Path]) -> None:

@@ -7,7 +7,9 @@ import base64
 import io
 import socket
 import struct
+import time
 import zlib
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from common.modelfolder import read_model_folder
 from common.settings import Settings
 from engine.pixels import normalised
 from server import image_fetch, images
-from server.errors import APIError
+from server.errors import APIError, bad_request
 from tests.tiny_vision import build_clip, build_siglip, image_bytes
 
 SETTINGS = Settings(max_image_bytes=200_000, max_image_pixels=1_000_000)
@@ -153,3 +155,52 @@ def test_credentials_and_other_schemes_are_refused() -> None:
     settings = allowing("a.test")
     assert "credentials" in refused(lambda: image_fetch.check_url("http://u:p@a.test/x.png", settings, "i"))
     assert "credentials" in refused(lambda: image_fetch.check_url("ftp://a.test/x.png", settings, "i"))
+
+
+class CountingPool:
+    """Stands in for image_fetch's thread pool: runs each fetch at once, counting them."""
+
+    def __init__(self) -> None:
+        self.submitted = 0
+
+    def submit(self, fn: Any, *args: Any) -> Future[bytes]:
+        self.submitted += 1
+        future: Future[bytes] = Future()
+        try:
+            future.set_result(fn(*args))
+        except APIError as exc:
+            future.set_exception(exc)
+        return future
+
+
+def fake_fetch(url: str, settings: Settings, where: str, deadline: float) -> bytes:
+    if url.endswith("/bad"):
+        raise bad_request(f"{where}: {url} answered HTTP 404", where)
+    return url.encode()
+
+
+def test_a_requests_urls_are_fetched_a_window_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request's URLs are fetched at most WINDOW ahead of the one it is decoding (the bodies it holds
+    at once), in order, mixed with inline images."""
+    pool = CountingPool()
+    monkeypatch.setattr(image_fetch, "_pool", pool)
+    monkeypatch.setattr(image_fetch, "fetch", fake_fetch)
+    inline = base64.b64encode(b"inline").decode()
+    sources = [(f"http://a.test/{k}", f"input[{k}]") for k in range(10)]
+    sources.insert(3, (inline, "input[x]"))
+    bodies = images.read_sources(sources, allowing("a.test"), time.monotonic() + 10)
+    got = [next(bodies)]
+    assert pool.submitted == image_fetch.WINDOW  # only the window, before any was decoded
+    got.extend(bodies)
+    assert got == [source.encode() if source.startswith("http") else b"inline" for source, _ in sources]
+    assert pool.submitted == 10
+
+
+def test_a_failed_fetch_is_the_answer_where_its_url_comes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bodies before a failed URL come out; the failure is a 400 naming that URL's input."""
+    monkeypatch.setattr(image_fetch, "_pool", CountingPool())
+    monkeypatch.setattr(image_fetch, "fetch", fake_fetch)
+    sources = [("http://a.test/0", "input[0]"), ("http://a.test/bad", "input[1]"), ("http://a.test/2", "input[2]")]
+    bodies = images.read_sources(sources, allowing("a.test"), time.monotonic() + 10)
+    assert next(bodies) == b"http://a.test/0"
+    assert "input[1]" in refused(lambda: next(bodies))
