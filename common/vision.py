@@ -1,6 +1,7 @@
 """CLIP and SigLIP folders: a text tower and an image tower into one vector space, read from config
 files alone (no torch, no PIL): the towers' shapes, the text side's pooling, and the image
-preprocessing its preprocessor_config.json asks for (server/images.py applies it).
+preprocessing its preprocessor_config.json asks for (server/images.py resizes and crops, engine/pixels.py
+rescales and normalises).
 
 The preprocessing defaults are those of transformers' image processors (CLIPImageProcessor:
 shortest edge 224 then a 224 x 224 centre crop, bicubic, OpenAI's mean and std; SiglipImageProcessor:

@@ -38,5 +38,6 @@ def normalised(images: list[np.ndarray], steps: ImageSteps) -> np.ndarray:
     out = np.empty((len(images), *images[0].shape), dtype=np.float32)
     for image, rows in zip(images, out, strict=True):
         for channel, values in enumerate(image):
-            np.take(table[channel], values, out=rows[channel])
+            # uint8 values are never out of range: "wrap" skips the bounds-checked copy "raise" makes
+            np.take(table[channel], values, out=rows[channel], mode="wrap")
     return out

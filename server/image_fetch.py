@@ -33,18 +33,30 @@ _pool = ThreadPoolExecutor(FETCHERS, thread_name_prefix="warmpool-image-url")
 
 
 def fetch_each(urls: list[tuple[str, str]], settings: Settings, deadline: float) -> Generator[bytes, None, None]:
-    """Each (url, where)'s body in order (fetch()), the next WINDOW fetched while one is used; a
-    failure raises where its URL comes, and the fetches not yet begun are dropped."""
-    started: list[Future[bytes]] = []
+    """Each (url, where)'s body in order (fetch()), the first WINDOW begun now, before anything else
+    of the request is decoded, the next as each is taken. A failure raises where its URL comes; the
+    fetches not yet begun are dropped when the generator is closed."""
+    started = [_pool.submit(fetch, url, settings, where, deadline) for url, where in urls[:WINDOW]]
+    return _bodies(urls, started, settings, deadline)
+
+
+def _bodies(
+    urls: list[tuple[str, str]], started: list[Future[bytes]], settings: Settings, deadline: float
+) -> Generator[bytes, None, None]:
     try:
-        for i, (_, where) in enumerate(urls):
-            while len(started) < min(i + WINDOW, len(urls)):
-                url, at = urls[len(started)]
-                started.append(_pool.submit(fetch, url, settings, at, deadline))
+        for i, (url, where) in enumerate(urls):
+            while len(started) < min(i + WINDOW, len(urls)):  # one more as one is taken: WINDOW held
+                ahead, at = urls[len(started)]
+                started.append(_pool.submit(fetch, ahead, settings, at, deadline))
             try:
                 yield started[i].result(timeout=max(0.0, deadline - time.monotonic()) + GRACE_S)
             except WaitTimeout:
-                raise bad_request(f"{where}: fetching {urls[i][0]} timed out", field_of(where)) from None
+                if started[i].cancel():  # never began: every fetcher was busy with other requests' URLs
+                    raise APIError(
+                        503, f"{where}: no image URL fetcher was free in time; retry", code="busy",
+                        headers={"Retry-After": "1"},
+                    ) from None  # fmt: skip
+                raise bad_request(f"{where}: fetching {url} timed out", field_of(where)) from None
             started[i] = Future()  # its body is the caller's now: not held here for the rest
     finally:
         for future in started:
@@ -94,8 +106,9 @@ def fetch(url: str, settings: Settings, where: str, deadline: float | None = Non
     field = field_of(where)
     deadline = time.monotonic() + settings.image_url_timeout if deadline is None else deadline
     for _ in range(settings.image_url_redirects + 1):
-        scheme, host, port, address = check_url(url, settings, where)
         try:
+            _left(deadline)  # a fetch that began late (every fetcher busy) or after a slow redirect
+            scheme, host, port, address = check_url(url, settings, where)
             status, location, body = _get(url, scheme, host, port, address, deadline, settings.max_image_bytes, where)
         except APIError:
             raise
@@ -132,11 +145,16 @@ def _get(
         if length is not None and length.isdigit() and int(length) > limit:
             raise _too_large(where, url, limit)
         chunks, size = [], 0
-        while chunk := response.read(CHUNK):
+        # read1: what one receive brings, each bounded by the time left (read() would wait for a whole
+        # chunk, a byte at a time from a host that trickles, past the deadline)
+        while True:
+            sock.settimeout(_left(deadline))
+            chunk = response.read1(CHUNK)
+            if not chunk:
+                break
             size += len(chunk)
             if size > limit:
                 raise _too_large(where, url, limit)
-            _left(deadline)  # each read is bounded by the socket's timeout, the whole by the deadline
             chunks.append(chunk)
         return 200, None, b"".join(chunks)
     finally:

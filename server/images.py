@@ -57,24 +57,25 @@ def image_input(data: bytes, vision: Vision, settings: Settings, where: str) -> 
     return Tokens([0] * vision.positions, pixels=pixels), picture
 
 
+def is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
 def read_sources(sources: list[tuple[str, str]], settings: Settings, deadline: float) -> Generator[bytes, None, None]:
-    """Each (source, where)'s encoded image in order (read_source()); http(s) URLs fetched a few at
-    once ahead of their turn, all by `deadline` (image_fetch.fetch_each)."""
-    urls = [(source, where) for source, where in sources if source.startswith(("http://", "https://"))]
-    fetched = image_fetch.fetch_each(urls, settings, deadline)
+    """Each (source, where)'s encoded image in order: http(s) URLs fetched a few at once ahead of
+    their turn, all by `deadline` (image_fetch.fetch_each, where allowed); the others read here
+    (read_source())."""
+    fetched = image_fetch.fetch_each([(s, where) for s, where in sources if is_url(s)], settings, deadline)
     try:
         for source, where in sources:
-            is_url = source.startswith(("http://", "https://"))
-            yield next(fetched) if is_url else read_source(source, settings, where)
+            yield next(fetched) if is_url(source) else read_source(source, settings, where)
     finally:
         fetched.close()  # drops the fetches not begun, whatever ended the loop
 
 
-def read_source(source: str, settings: Settings, where: str, deadline: float | None = None) -> bytes:
-    """The encoded image a source names: a data: URL's payload, an http(s) URL's body (where
-    allowed), or the source itself as base64; its size checked before it is decoded from base64."""
-    if source.startswith(("http://", "https://")):
-        return image_fetch.fetch(source, settings, where, deadline)
+def read_source(source: str, settings: Settings, where: str) -> bytes:
+    """The encoded image a data: URL or bare base64 holds, its size checked before it is decoded from
+    base64 (an http(s) URL is fetched by read_sources)."""
     payload = source
     if source.startswith("data:"):
         header, comma, payload = source.partition(",")

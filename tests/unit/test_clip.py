@@ -10,6 +10,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["DO_NOT_TRACK"] = "1"
 
+import functools
 import io
 import json
 from itertools import zip_longest
@@ -44,13 +45,17 @@ def pixels(n: int, size: int) -> np.ndarray:
     return np.random.default_rng(3).integers(0, 256, (n, 3, size, size), dtype=np.uint8)
 
 
+@functools.cache
+def image_processor(folder: Path) -> Any:
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(str(folder))
+
+
 def pixel_values(folder: Path, image: np.ndarray) -> np.ndarray:
     """The folder's transformers image processor's input for the tower from a uint8 image already of
     the tower's size: rescaled and normalised, not resized or cropped."""
-    from transformers import AutoImageProcessor
-
-    processor = AutoImageProcessor.from_pretrained(str(folder))
-    out = processor(image.transpose(1, 2, 0), do_resize=False, do_center_crop=False, return_tensors="np")
+    out = image_processor(folder)(image.transpose(1, 2, 0), do_resize=False, do_center_crop=False, return_tensors="np")
     return out["pixel_values"][0]  # type: ignore[no-any-return]
 
 

@@ -122,7 +122,8 @@ def test_decompression_bomb_is_refused_from_its_header() -> None:
 
 def test_urls_are_refused_by_default() -> None:
     """WARMPOOL_IMAGE_URLS=off: an http(s) URL is a 400 that says how to send the image instead."""
-    assert "data: URL" in refused(lambda: images.read_source("https://example.com/cat.png", Settings(), "input"))
+    bodies = images.read_sources([("https://example.com/cat.png", "input")], Settings(), time.monotonic() + 10)
+    assert "WARMPOOL_IMAGE_URLS=off" in refused(lambda: next(bodies))
 
 
 def allowing(hosts: str) -> Settings:
@@ -204,3 +205,39 @@ def test_a_failed_fetch_is_the_answer_where_its_url_comes(monkeypatch: pytest.Mo
     bodies = images.read_sources(sources, allowing("a.test"), time.monotonic() + 10)
     assert next(bodies) == b"http://a.test/0"
     assert "input[1]" in refused(lambda: next(bodies))
+
+
+class BusyPool(CountingPool):
+    """Stands in for image_fetch's thread pool with every fetcher busy: no fetch ever begins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.futures: list[Future[bytes]] = []
+
+    def submit(self, fn: Any, *args: Any) -> Future[bytes]:
+        self.submitted += 1
+        self.futures.append(Future())
+        return self.futures[-1]
+
+
+def test_a_fetch_that_never_began_is_a_503_and_the_rest_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When no fetcher frees up by the deadline, the URL's answer is a 503 to retry (not the client's
+    fault), and the request's other fetches, not begun, are cancelled."""
+    pool = BusyPool()
+    monkeypatch.setattr(image_fetch, "_pool", pool)
+    monkeypatch.setattr(image_fetch, "GRACE_S", 0.01)
+    sources = [(f"http://a.test/{k}", f"input[{k}]") for k in range(6)]
+    bodies = images.read_sources(sources, allowing("a.test"), time.monotonic())
+    with pytest.raises(APIError) as caught:
+        next(bodies)
+    assert caught.value.status == 503 and "input[0]" in caught.value.message
+    bodies.close()
+    assert pool.futures and all(f.cancelled() for f in pool.futures)
+
+
+def test_a_fetch_begun_past_the_deadline_times_out_without_connecting() -> None:
+    """A fetch whose request's deadline has passed (it waited for a fetcher) is a 400 'timed out'
+    before any lookup or connection (port 1 would refuse one)."""
+    late = time.monotonic() - 1
+    message = refused(lambda: image_fetch.fetch("http://127.0.0.1:1/a.png", allowing("127.0.0.1"), "input", late))
+    assert "timed out" in message
