@@ -16,7 +16,7 @@ import ipaddress
 import socket
 import ssl
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as WaitTimeout
 from urllib.parse import urljoin, urlsplit
@@ -36,18 +36,23 @@ def fetch_each(urls: list[tuple[str, str]], settings: Settings, deadline: float)
     """Each (url, where)'s body in order (fetch()), the first WINDOW begun now, before anything else
     of the request is decoded, the next as each is taken. A failure raises where its URL comes; the
     fetches not yet begun are dropped when the generator is closed."""
-    started = [_pool.submit(fetch, url, settings, where, deadline) for url, where in urls[:WINDOW]]
-    return _bodies(urls, started, settings, deadline)
+    started: list[Future[bytes]] = []
+
+    def begin(upto: int) -> None:
+        while len(started) < min(upto, len(urls)):
+            url, where = urls[len(started)]
+            started.append(_pool.submit(fetch, url, settings, where, deadline))
+
+    begin(WINDOW)
+    return _bodies(urls, started, begin, deadline)
 
 
 def _bodies(
-    urls: list[tuple[str, str]], started: list[Future[bytes]], settings: Settings, deadline: float
+    urls: list[tuple[str, str]], started: list[Future[bytes]], begin: Callable[[int], None], deadline: float
 ) -> Generator[bytes, None, None]:
     try:
         for i, (url, where) in enumerate(urls):
-            while len(started) < min(i + WINDOW, len(urls)):  # one more as one is taken: WINDOW held
-                ahead, at = urls[len(started)]
-                started.append(_pool.submit(fetch, ahead, settings, at, deadline))
+            begin(i + WINDOW)  # one more as one is taken: WINDOW held at most
             try:
                 yield started[i].result(timeout=max(0.0, deadline - time.monotonic()) + GRACE_S)
             except WaitTimeout:
