@@ -59,17 +59,21 @@ def tokenize(
                 field,
             )
     overlap = min(OVERLAP, (info.max_model_len - ctx.tokenizers.special_tokens) // 2)  # < a window's text
-    windows = ctx.tokenizers.encode_windows([prompt + t for t in texts], info.max_model_len, overlap)
-    for i, per_text in enumerate(windows):
-        if len(per_text) > ctx.settings.max_windows:
+    flat: list[Tokens] = []
+    counts = []
+    for i, text in enumerate(texts):  # one at a time: a refused text leaves the rest untokenized
+        raw = ctx.tokenizers.encode_raw(prompt + text)
+        count = ctx.tokenizers.window_count(raw, info.max_model_len, overlap)
+        if count > ctx.settings.max_windows:
             raise inputs.bad_request(
-                f"{field}[{i}] takes {len(per_text)} windows of {info.max_model_len} tokens, more than "
+                f"{field}[{i}] takes {count} windows of {info.max_model_len} tokens, more than "
                 f"WARMPOOL_MAX_WINDOWS ({ctx.settings.max_windows})",
                 field,
             )
-    flat = [w for per_text in windows for w in per_text]
-    ctx.admit(len(flat), field)  # the rest of the permits: one per window
-    return flat, Windows([len(w) for w in windows], [len(w.input_ids) for w in flat])
+        ctx.admit(len(flat) + count, field)  # a permit per window, taken before its token lists are made
+        flat += ctx.tokenizers.windows(raw, info.max_model_len, overlap)
+        counts.append(count)
+    return flat, Windows(counts, [len(w.input_ids) for w in flat])
 
 
 def combine(vectors: np.ndarray, windows: Windows | None, sparse: bool = False) -> np.ndarray:

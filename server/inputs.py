@@ -21,7 +21,7 @@ from common.wire import Tokens
 from server.admission import Admission
 from server.errors import APIError, Shape, bad_request, field_of, from_validation
 from server.services import ServedModel
-from server.tokenizer import Direction, TokenizerPool
+from server.tokenizer import Direction, TokenizerPool, runs
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -204,20 +204,24 @@ def tokenize_inputs(
     if not texts:
         raise bad_request(f"'{field}' must not be empty", field)
     ctx.admit(len(texts), field)
+    where = [f"{field}[{i}]" if len(texts) > 1 else field for i in range(len(texts))]
     if isinstance(texts[0], str):
         limit = truncation_limit(truncate, ctx)
-        where = [f"{field}[{i}]" if len(texts) > 1 else field for i in range(len(texts))]
         texts = [
             capped(prompt + text, info, name, limit is not None, direction)
             for text, name in zip(texts, where, strict=True)
         ]
-        tokens = tokenizers.encode_batch(texts, limit, direction)
+        tokens: list[Tokens] = []
+        for part in runs(texts):  # a too-long text ends it before the texts after it are tokenized
+            for tok in tokenizers.encode_batch(part, limit, direction):
+                check_length(len(tok.input_ids), info, where[len(tokens)])
+                tokens.append(tok)
     else:
         limit = truncation_limit(truncate, ctx, text=False)
         vocab = info.vocab_size or tokenizers.vocab_size
         tokens = [Tokens(_cut(_checked_ids(ids, i, vocab, field), limit, direction)) for i, ids in enumerate(texts)]
-    for i, tok in enumerate(tokens):
-        check_length(len(tok.input_ids), info, f"{field}[{i}]" if len(tokens) > 1 else field)
+        for tok, name in zip(tokens, where, strict=True):
+            check_length(len(tok.input_ids), info, name)
     pad_to = info.vision.text_pad_to if info.vision is not None else None
     if pad_to:  # SigLIP: padded to its full length as its processor pads (its text tower pools the last position)
         pad = [info.vision.text_pad_id] if info.vision is not None else []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -26,6 +26,11 @@ from server.siglip_tokenizer import SPIECE, is_siglip, siglip_tokenizer
 # The most a TEI token span takes less the text it covers: {"id":..,"text":"","special":false,
 # "start":..,"stop":..}, with 7-digit offsets, or a special token's text and nulls.
 SPAN_BYTES = 80
+
+# Characters tokenized in one call where a text may be refused: 2 MB of texts at once held ~180 MB in
+# the tokenizer before the first too-long one was found; in runs of this size a few MB, and a refusal
+# stops at its run.
+RUN_CHARS = 64 * 1024
 
 # Up to this many characters a lone text is encoded holding the GIL: well under a millisecond.
 SHORT_TEXT_CHARS = 1024
@@ -141,22 +146,35 @@ class TokenizerPool:
         bodies = self.encode_batch([template.format(query, doc) for query, doc in pairs], room, direction)
         return [Tokens(self._prefix + body.input_ids + self._suffix) for body in bodies]
 
-    def encode_windows(self, texts: list[str], max_tokens: int, overlap: int) -> list[list[Tokens]]:
-        """Each text as windows of at most `max_tokens` tokens with the special tokens, each
-        repeating the last `overlap` of the one before (the tokenizer's own overflow); a text that
-        fits is one window."""
+    def encode_raw(self, text: str) -> Encoding:
+        """A text's tokens without special tokens, truncation or Python lists (window_count() and
+        windows() take it from here): what a long text costs before any bound is its Rust encoding."""
+        return self.get().encode_batch_fast([text], add_special_tokens=False)[0]
+
+    def window_count(self, raw: Encoding, max_tokens: int, overlap: int) -> int:
+        """How many windows windows() makes of `raw`, counted without making them: the tokenizer's
+        overflow steps by (room - overlap) until a window reaches the end."""
+        room = max_tokens - self.special_tokens
+        if len(raw) <= room:
+            return 1
+        return 1 + -(-(len(raw) - room) // (room - overlap))
+
+    def windows(self, raw: Encoding, max_tokens: int, overlap: int) -> list[Tokens]:
+        """`raw` as windows of at most `max_tokens` tokens with the special tokens, each repeating the
+        last `overlap` of the one before: what encoding the text with the tokenizer's truncation
+        and stride makes (its post-processing step, applied to the encoding already made)."""
         tok = self.get()
         tok.enable_truncation(max_length=max_tokens, stride=overlap, direction="right")
         try:
-            encodings = tok.encode_batch_fast(texts, add_special_tokens=True)
+            encoding = tok.post_process(raw, None, add_special_tokens=True)
         finally:
             tok.no_truncation()
-        return [[_tokens(e), *(_tokens(o) for o in e.overflowing)] for e in encodings]
+        return [_tokens(encoding), *(_tokens(o) for o in encoding.overflowing)]
 
     def encode_windows_with_offsets(
         self, text: str, max_tokens: int, overlap: int
     ) -> list[tuple[Tokens, list[int | None]]]:
-        """encode_windows for one text, each window with its tokens' start offsets in the text
+        """windows() of one text, each window with its tokens' start offsets in the text
         (None for special tokens)."""
         tok = self.get()
         tok.enable_truncation(max_length=max_tokens, stride=overlap, direction="right")
@@ -198,12 +216,26 @@ class TokenizerPool:
         raises TooManyTokens, and `budget` is given the answer's size in bytes (it raises to
         refuse it), before any token's answer is built: what a text may cost in Python objects is
         what the model would take of it."""
-        encodings = self.get().encode_batch(texts, add_special_tokens=add_special_tokens)  # with offsets
-        for index, encoding in enumerate(encodings):
-            if len(encoding.ids) > max_tokens:
-                raise TooManyTokens(index, len(encoding.ids))
+        encodings: list[Encoding] = []
+        for run in runs(texts):  # a text too long ends it before the texts after it are tokenized
+            for encoding in self.get().encode_batch(run, add_special_tokens=add_special_tokens):  # with offsets
+                if len(encoding.ids) > max_tokens:
+                    raise TooManyTokens(len(encodings), len(encoding.ids))
+                encodings.append(encoding)
         budget(sum(SPAN_BYTES * len(e.ids) + len(t.encode()) for t, e in zip(texts, encodings, strict=True)), "inputs")
         return [_spans(text, e) for text, e in zip(texts, encodings, strict=True)]
+
+
+def runs(texts: list[str]) -> Iterator[list[str]]:
+    """`texts` in order, in runs of about RUN_CHARS characters: what the tokenizer holds at once."""
+    start, chars = 0, 0
+    for i, text in enumerate(texts):
+        chars += len(text)
+        if chars >= RUN_CHARS:
+            yield texts[start : i + 1]
+            start, chars = i + 1, 0
+    if start < len(texts):
+        yield texts[start:]
 
 
 def _load(folder: Path) -> Tokenizer:
