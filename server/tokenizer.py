@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -98,7 +98,7 @@ class TokenizerPool:
         return tok
 
     def encode_batch(
-        self, inputs: list[TextOrPair], truncate: int | None = None, direction: Direction = "right"
+        self, inputs: Sequence[TextOrPair], truncate: int | None = None, direction: Direction = "right"
     ) -> list[Tokens]:
         """Texts or (text, text) pairs with special tokens, each cut to `truncate` tokens if given
         (the special tokens kept, as sentence-transformers' tokenizer call does), from the end or,
@@ -110,7 +110,7 @@ class TokenizerPool:
             if len(inputs) == 1 and _chars(inputs[0]) <= SHORT_TEXT_CHARS:
                 text, pair = inputs[0] if isinstance(inputs[0], tuple) else (inputs[0], None)
                 return [_tokens(tok.encode(text, pair, add_special_tokens=True))]
-            return [_tokens(e) for e in tok.encode_batch_fast(inputs, add_special_tokens=True)]
+            return [_tokens(e) for e in tok.encode_batch_fast(list(inputs), add_special_tokens=True)]
         finally:
             if truncate is not None:
                 tok.no_truncation()
