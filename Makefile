@@ -19,7 +19,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 WHEEL_SOURCE ?= $(firstword $(subst :, ,$(PIP_FIND_LINKS)))
 COMPOSE_PLUGIN := $(HOME)/.docker/cli-plugins/docker-compose
 
-.PHONY: setup model serve test test-unit lint lint-code lint-deploy bench clean \
+.PHONY: setup model serve test test-unit lint lint-code lint-deploy docs bench clean \
         image up down logs smoke container-test compose-plugin
 
 setup: $(STAMP)
@@ -58,8 +58,8 @@ test-unit: $(STAMP) $(MODEL_DIR)/config.json
 lint: lint-code lint-deploy
 
 lint-code: $(STAMP)
-	$(PY) -m ruff check common engine orchestrator server tests bench
-	$(PY) -m ruff format --check common engine orchestrator server tests bench
+	$(PY) -m ruff check common engine orchestrator server tools tests bench
+	$(PY) -m ruff format --check common engine orchestrator server tools tests bench
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
@@ -75,6 +75,11 @@ lint-deploy: $(STAMP) compose-plugin
 	  || { echo "lint-deploy: promtool is missing: install it (Debian: apt-get install prometheus) or put it on PATH" >&2; exit 1; }
 	promtool check rules deploy/prometheus/warmpool-alerts.yaml
 	promtool test rules deploy/prometheus/warmpool-alerts.test.yaml
+
+# The manual: the reference pages made anew from the code, then the site (a broken link fails it).
+docs: $(STAMP)
+	$(PY) -m tools.reference_docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 bench: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m bench.load
@@ -113,4 +118,4 @@ container-test: $(STAMP) $(MODEL_DIR)/config.json compose-plugin .wheels
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/container $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .wheels .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .wheels .pytest_cache .mypy_cache .ruff_cache site

@@ -1,10 +1,16 @@
-"""`warmpool --help`: every setting as its flag and its environment variable, grouped by concern."""
+"""`warmpool --help`: every setting as its flag and its environment variable, grouped by concern (the
+groups also make docs/reference/settings.md: tools/reference_docs.py)."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
+from pydantic.fields import FieldInfo
+
 from common.settings import Settings
+
+LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "model": (
@@ -70,6 +76,18 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
+def default_text(field: FieldInfo) -> str | None:
+    """A default worked out at start (the folder's name, the usable CPUs), in words; None for a fixed one."""
+    extra = field.json_schema_extra
+    words = extra.get("default_text") if isinstance(extra, dict) else None
+    return str(words) if words is not None else None
+
+
+def plain(markdown: str) -> str:
+    """A description as a terminal shows it: links reduced to their text."""
+    return LINK.sub(r"\1", markdown)
+
+
 def render() -> str:
     """The help text: usage, then each group's flags with env var, default and meaning."""
     fields = Settings.model_fields
@@ -83,13 +101,13 @@ def render() -> str:
         lines += ["", f"{group}:"]
         for name in names:
             field = fields[name]
-            described = "default" in (field.description or "")  # a derived default, said in words
-            if field.default_factory is not None or (field.default is None and described):
-                default = ""
+            words = default_text(field)
+            if words is not None:
+                default = f", default: {plain(words)}"
             else:
                 default = ", unset" if field.default is None else f", default {field.default}"
             lines.append(f"  --{name.replace('_', '-')}  (WARMPOOL_{name.upper()}{default})")
             lines += textwrap.wrap(
-                field.description or "", width=96, initial_indent="      ", subsequent_indent="      "
+                plain(field.description or ""), width=96, initial_indent="      ", subsequent_indent="      "
             )
     return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
 """Settings: where values come from, the frozen model path, and the docs that list every setting
-(README's configuration table, compose.yaml's environment block) checked against the class itself."""
+(the generated settings reference, compose.yaml's environment block) checked against the class itself."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ import yaml
 from pydantic.fields import FieldInfo
 
 from common.settings import Settings
+from orchestrator.cli_help import default_text
 from tests.server_process import ROOT
 
 FIELDS: dict[str, FieldInfo] = dict(Settings.model_fields)
 
 
 def is_derived(field: FieldInfo) -> bool:
-    """A default the server works out at start: a default_factory, or None with its derivation documented in
-    the field's description (the word "default" in it: "default: the folder's name")."""
-    documented = re.search(r"\bdefault\b", field.description or "") is not None
-    return field.default_factory is not None or (field.default is None and documented)
+    """A default the server works out at start: a default_factory, or None with its derivation said in words
+    (the field's `default_text`: "the folder's name")."""
+    return field.default_factory is not None or (field.default is None and default_text(field) is not None)
 
 
 DERIVED = sorted(name for name, field in FIELDS.items() if is_derived(field))
@@ -144,12 +144,12 @@ def test_folder_resolves_to_its_absolute_path(tmp_path: Path, monkeypatch: pytes
     assert Settings(model="org/name").model_path == tmp_path / "org" / "name"
 
 
-# README's configuration table
+# The settings reference (docs/reference/settings.md)
 
 
 def readme_table() -> list[list[str]]:
-    """Rows under '## Configuration' that start with '| `WARMPOOL_'; cells: variable, flag, default, meaning."""
-    section = (ROOT / "README.md").read_text().split("\n## Configuration", 1)[1].split("\n## ", 1)[0]
+    """Rows of the settings reference that start with '| `WARMPOOL_'; cells: variable, flag, default, meaning."""
+    section = (ROOT / "docs" / "reference" / "settings.md").read_text()
     lines = [line.strip() for line in section.splitlines() if line.startswith("| `WARMPOOL_")]
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
 
