@@ -127,8 +127,14 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(
         40_000_000,
         ge=1,
-        description="An image's width x height, read from its header before it is decoded (400 past it: a "
-        "decompression bomb is refused, never decoded).",
+        description="An image's width x height, and the size its resize to the model's input would give, both "
+        "read from its header before it is decoded (400 past either: a decompression bomb is refused, never decoded).",
+    )
+    max_image_aspect_ratio: float = Field(
+        200.0,
+        ge=1,
+        description="An image's longer side over its shorter, read from its header before it is decoded (400 past "
+        "it: resizing the shorter side to the model's would make the longer one huge).",
     )
     image_urls: Literal["off", "allowlist"] = Field(
         "off",

@@ -120,6 +120,48 @@ def test_decompression_bomb_is_refused_from_its_header() -> None:
     assert "MAX_IMAGE_PIXELS" in refused(lambda: images.decode(bomb(50_000, 50_000), SETTINGS, "input"))
 
 
+@pytest.fixture
+def resizes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The sizes Pillow is asked to resize to (each an allocation of that many pixels)."""
+    asked: list[tuple[int, int]] = []
+    resize = Image.Image.resize
+
+    def spy(image: Image.Image, size: tuple[int, int], *args: Any, **kwargs: Any) -> Image.Image:
+        asked.append(size)
+        return resize(image, size, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "resize", spy)
+    return asked
+
+
+def test_an_extreme_aspect_ratio_is_refused_before_anything_is_resized(
+    folders: dict[str, Path], resizes: list[tuple[int, int]]
+) -> None:
+    """A 1 x 2000 image (a few bytes; resized to the shortest edge it would be thousands of times its
+    size) is a 400 naming WARMPOOL_MAX_IMAGE_ASPECT_RATIO, and nothing is resized."""
+    vision = read_model_folder(folders["clip"]).vision
+    assert vision is not None
+    data = image_bytes("PNG", (1, 2000))
+    message = refused(lambda: images.image_input(data, vision, Settings(), "input[1]"))
+    assert "WARMPOOL_MAX_IMAGE_ASPECT_RATIO (200)" in message and "input[1]" in message
+    assert resizes == []
+
+
+def test_an_image_whose_resize_passes_the_pixel_limit_is_refused_before_it(
+    folders: dict[str, Path], resizes: list[tuple[int, int]]
+) -> None:
+    """WARMPOOL_MAX_IMAGE_PIXELS bounds the image the resize would make, not only the one sent: 10 x 1500
+    (15,000 pixels) resized to a 40-pixel shortest edge is 40 x 6000 (240,000): refused at 100,000."""
+    vision = read_model_folder(folders["clip"]).vision
+    assert vision is not None and vision.steps.shortest_edge == 40
+    data = image_bytes("PNG", (10, 1500))
+    message = refused(lambda: images.image_input(data, vision, Settings(max_image_pixels=100_000), "input"))
+    assert "40 x 6000 resized" in message and "WARMPOOL_MAX_IMAGE_PIXELS (100000)" in message
+    assert resizes == []
+    images.image_input(data, vision, Settings(max_image_pixels=240_000), "input")  # at the limit: served
+    assert resizes == [(40, 6000)]
+
+
 def test_urls_are_refused_by_default() -> None:
     """WARMPOOL_IMAGE_URLS=off: an http(s) URL is a 400 that says how to send the image instead."""
     bodies = images.read_sources([("https://example.com/cat.png", "input")], Settings(), time.monotonic() + 10)
