@@ -1,5 +1,5 @@
 """Image inputs of a CLIP or SigLIP model: from the request (a data: URL or base64; an http(s) URL
-only where WARMPOOL_IMAGE_URLS allows, server/image_fetch.py), decoded by Pillow within limits,
+only where WARMPOOL_IMAGE_URLS allows, server/url_images.py), decoded by Pillow within limits,
 then resized and cropped exactly as transformers' PIL image processor does it (common.vision.ImageSteps;
 the engine rescales and normalises).
 
@@ -14,7 +14,6 @@ import binascii
 import io
 import math
 import threading
-from collections.abc import Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,6 @@ from common.cpus import usable_cpus
 from common.settings import Settings
 from common.vision import ImageSteps, Vision
 from common.wire import Tokens
-from server import image_fetch
 from server.errors import APIError, bad_request, field_of
 
 FORMATS = ("PNG", "JPEG", "WEBP")  # the decoders Pillow may use: nothing else is tried on a request's bytes
@@ -61,21 +59,9 @@ def is_url(source: str) -> bool:
     return source.startswith(("http://", "https://"))
 
 
-def read_sources(sources: list[tuple[str, str]], settings: Settings, deadline: float) -> Generator[bytes, None, None]:
-    """Each (source, where)'s encoded image in order: http(s) URLs fetched a few at once ahead of
-    their turn, all by `deadline` (image_fetch.fetch_each, where allowed); the others read here
-    (read_source())."""
-    fetched = image_fetch.fetch_each([(s, where) for s, where in sources if is_url(s)], settings, deadline)
-    try:
-        for source, where in sources:
-            yield next(fetched) if is_url(source) else read_source(source, settings, where)
-    finally:
-        fetched.close()  # drops the fetches not begun, whatever ended the loop
-
-
 def read_source(source: str, settings: Settings, where: str) -> bytes:
     """The encoded image a data: URL or bare base64 holds, its size checked before it is decoded from
-    base64 (an http(s) URL is fetched by read_sources)."""
+    base64 (an http(s) URL is fetched on the event loop: server/url_images.py)."""
     payload = source
     if source.startswith("data:"):
         header, comma, payload = source.partition(",")
