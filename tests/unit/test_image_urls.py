@@ -184,3 +184,25 @@ def test_a_trickling_host_holds_no_connection_past_its_requests_deadline(
         asyncio.run(scenario())
     finally:
         svc.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def test_chunked_and_interim_answers_are_read_as_http_client_read_them() -> None:
+    """The fetch's own HTTP/1.1 reading: a 100 Continue skipped, a chunked body (with an extension)
+    joined, and a body without a length read up to the close."""
+    answers = [
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"3\r\nabc\r\n2;x=1\r\nde\r\n0\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\n\r\nuntil-close",
+    ]
+
+    def answer(connection: socket.socket, stop: threading.Event) -> None:
+        connection.recv(4096)
+        connection.sendall(answers.pop(0))
+        connection.close()
+
+    host = Host(answer)
+    try:
+        got = [asyncio.run(image_fetch.fetch(f"{host.url}/a.png", allowing(timeout=10), "input")) for _ in range(2)]
+    finally:
+        host.close()
+    assert got == [b"abcde", b"until-close"]
