@@ -169,8 +169,17 @@ class Settings(BaseSettings):
         40_000_000,
         ge=1,
         description=(
-            "An image's width x height, read from its header before it is decoded (400 past it: a "
-            "decompression bomb is refused, never decoded)."
+            "An image's width x height, and the size its resize to the model's input would give, both read "
+            "from its header before it is decoded (400 past either: a decompression bomb is refused, never "
+            "decoded)."
+        ),
+    )
+    max_image_aspect_ratio: float = Field(
+        200.0,
+        ge=1,
+        description=(
+            "An image's longer side over its shorter, read from its header (400 past it: a 1 x 2000 image "
+            "resized to a 224-pixel shorter side would be 224 x 448000)."
         ),
     )
     image_urls: Literal["off", "allowlist"] = Field(

@@ -66,6 +66,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "images": (
         "max_image_bytes",
         "max_image_pixels",
+        "max_image_aspect_ratio",
         "image_urls",
         "image_url_allowlist",
         "image_url_timeout",

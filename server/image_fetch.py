@@ -2,70 +2,85 @@
 hosts WARMPOOL_IMAGE_URL_ALLOWLIST names, within a size, time and redirect limit.
 
 No server-side request forgery: the host is resolved once here and the connection goes to the very
-address checked (a second lookup could answer otherwise); a loopback, link-local, private or other
+address checked (a second lookup could answer otherwise); a loopback, link-local or private or other
 non-global address is refused unless the allowlist names that exact host (not through a `*.domain`
-entry); every redirect is a new URL checked the same way. Blocking sockets, on threads of their own:
-a request's URLs are fetched WINDOW at a time (its time is about its slowest fetch's, not their
-sum), by FETCHERS threads shared by every request (no number of requests opens more connections).
+entry); every redirect is a new URL checked the same way.
+
+Fetched on the event loop (asyncio streams, a minimal HTTP/1.1 GET), never on the executor that
+tokenizes: a host that hangs or trickles costs a socket, not a thread. The request's deadline bounds
+every phase (lookup, connect, TLS, status line, headers, body) as one asyncio.timeout, whatever the
+host's byte rate. A request's URLs are fetched WINDOW at a time ahead of their decoding (its time is
+about its slowest fetch's, not their sum); FETCHERS connections at most are open at once, all requests
+together. The lookup (getaddrinfo blocks) runs on RESOLVERS threads of its own, awaited within the deadline.
 """
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import ipaddress
+import re
 import socket
 import ssl
 import time
-from collections.abc import Callable, Generator
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as WaitTimeout
+import weakref
+from collections.abc import AsyncGenerator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from common.settings import Settings
 from server.errors import APIError, bad_request, field_of
 
 CHUNK = 64 * 1024
+LINE = 64 * 1024  # the longest status or header line read (as http.client's)
+HEADERS = 100  # headers an answer may carry (as http.client's)
 REDIRECTS = (301, 302, 303, 307, 308)
 FETCHERS = 8  # connections open at once, all requests together
 WINDOW = 4  # a request's fetches under way or fetched and not yet decoded: its bodies held at once
-GRACE_S = 1.0  # past the deadline, for a fetch that had to wait for a thread to see it and say so
-_pool = ThreadPoolExecutor(FETCHERS, thread_name_prefix="warmpool-image-url")
+RESOLVERS = 4
+_resolvers = ThreadPoolExecutor(RESOLVERS, thread_name_prefix="warmpool-image-dns")
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+_UNSAFE = re.compile("[\x00-\x20\x7f]")  # what http.client refuses in a request target
 
 
-def fetch_each(urls: list[tuple[str, str]], settings: Settings, deadline: float) -> Generator[bytes, None, None]:
-    """Each (url, where)'s body in order (fetch()), the first WINDOW begun now, before anything else
-    of the request is decoded, the next as each is taken. A failure raises where its URL comes; the
-    fetches not yet begun are dropped when the generator is closed."""
-    started: list[Future[bytes]] = []
-
-    def begin(upto: int) -> None:
-        while len(started) < min(upto, len(urls)):
-            url, where = urls[len(started)]
-            started.append(_pool.submit(fetch, url, settings, where, deadline))
-
-    begin(WINDOW)
-    return _bodies(urls, started, begin, deadline)
-
-
-def _bodies(
-    urls: list[tuple[str, str]], started: list[Future[bytes]], begin: Callable[[int], None], deadline: float
-) -> Generator[bytes, None, None]:
+async def fetch_each(urls: list[tuple[str, str]], settings: Settings, deadline: float) -> AsyncGenerator[bytes, None]:
+    """Each (url, where)'s body in order (fetch(), once a connection is free), WINDOW begun at once,
+    the next as each is taken. A failure raises where its URL comes; the fetches under way are
+    cancelled when the generator is closed."""
+    started: list[asyncio.Task[bytes] | None] = []
     try:
-        for i, (url, where) in enumerate(urls):
-            begin(i + WINDOW)  # one more as one is taken: WINDOW held at most
-            try:
-                yield started[i].result(timeout=max(0.0, deadline - time.monotonic()) + GRACE_S)
-            except WaitTimeout:
-                if started[i].cancel():  # never began: every fetcher was busy with other requests' URLs
-                    raise APIError(
-                        503, f"{where}: no image URL fetcher was free in time; retry", code="busy",
-                        headers={"Retry-After": "1"},
-                    ) from None  # fmt: skip
-                raise bad_request(f"{where}: fetching {url} timed out", field_of(where)) from None
-            started[i] = Future()  # its body is the caller's now: not held here for the rest
+        for i in range(len(urls)):
+            while len(started) < min(i + WINDOW, len(urls)):  # one more as one is taken: WINDOW held at most
+                url, where = urls[len(started)]
+                started.append(asyncio.ensure_future(_fetch_when_free(url, settings, where, deadline)))
+            task, started[i] = started[i], None  # its body is the caller's now: not held here for the rest
+            assert task is not None
+            yield await task
     finally:
-        for future in started:
-            future.cancel()
+        for task in started:
+            if task is not None:
+                drop(task)
+
+
+def drop(task: asyncio.Future[Any]) -> None:
+    """Cancelled if under way; its failure, if it has one, taken (nobody awaits it now)."""
+    if not task.cancel() and not task.cancelled():
+        task.exception()
+
+
+async def _fetch_when_free(url: str, settings: Settings, where: str, deadline: float) -> bytes:
+    slots = _slots.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(FETCHERS))
+    try:
+        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            await slots.acquire()
+    except TimeoutError:
+        raise APIError(
+            503, f"{where}: no image URL fetcher was free in time; retry", code="busy", headers={"Retry-After": "1"}
+        ) from None
+    try:
+        return await fetch(url, settings, where, deadline)
+    finally:
+        slots.release()
 
 
 def allowlist(settings: Settings) -> tuple[frozenset[str], tuple[str, ...]]:
@@ -74,8 +89,8 @@ def allowlist(settings: Settings) -> tuple[frozenset[str], tuple[str, ...]]:
     return frozenset(e for e in entries if not e.startswith("*.")), tuple(e[1:] for e in entries if e.startswith("*."))
 
 
-def check_url(url: str, settings: Settings, where: str) -> tuple[str, str, int, str]:
-    """(scheme, host, port, address to connect to) for a URL that may be fetched; else a 400."""
+def allowed(url: str, settings: Settings, where: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a URL the settings let be fetched, before any lookup; else a 400."""
     field = field_of(where)
     if settings.image_urls != "allowlist":
         raise bad_request(
@@ -90,36 +105,52 @@ def check_url(url: str, settings: Settings, where: str) -> tuple[str, str, int, 
     if host not in exact and not host.endswith(suffixes or ("\0",)):
         raise bad_request(f"{where}: host {host!r} is not in WARMPOOL_IMAGE_URL_ALLOWLIST", field)
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise bad_request(f"{where}: {exc}", field) from None
+
+
+async def check_url(url: str, settings: Settings, where: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, address to connect to) for a URL that may be fetched; else a 400."""
+    field = field_of(where)
+    scheme, host, port = allowed(url, settings, where)
+    try:
+        infos = await asyncio.wrap_future(_resolvers.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM))
     except (OSError, ValueError) as exc:
         raise bad_request(f"{where}: host {host!r} could not be resolved: {exc}", field) from None
     address = str(infos[0][4][0])
-    if not ipaddress.ip_address(address.split("%")[0]).is_global and host not in exact:
+    if not ipaddress.ip_address(address.split("%")[0]).is_global and host not in allowlist(settings)[0]:
         raise bad_request(
             f"{where}: {host!r} resolves to {address}, a non-public address, fetched only from a host the "
             "allowlist names exactly",
             field,
         )
-    return parts.scheme, host, port, address
+    return scheme, host, port, address
 
 
-def fetch(url: str, settings: Settings, where: str, deadline: float | None = None) -> bytes:
+async def fetch(url: str, settings: Settings, where: str, deadline: float | None = None) -> bytes:
     """The URL's body (following at most WARMPOOL_IMAGE_URL_REDIRECTS redirects, each checked), within
     WARMPOOL_MAX_IMAGE_BYTES and by `deadline` (time.monotonic(); the request's, else
-    WARMPOOL_IMAGE_URL_TIMEOUT from now); else a 400 naming `where`."""
+    WARMPOOL_IMAGE_URL_TIMEOUT from now), every phase of every fetch included; else a 400 naming `where`."""
     field = field_of(where)
-    deadline = time.monotonic() + settings.image_url_timeout if deadline is None else deadline
+    left = settings.image_url_timeout if deadline is None else deadline - time.monotonic()
+    if left <= 0:  # a fetch that waited its whole time for a connection: no lookup, no connection
+        raise bad_request(f"{where}: fetching {url} timed out", field)
+    try:
+        async with asyncio.timeout(left):
+            return await _follow(url, settings, where)
+    except TimeoutError:
+        raise bad_request(f"{where}: fetching {url} timed out", field) from None
+
+
+async def _follow(url: str, settings: Settings, where: str) -> bytes:
+    field = field_of(where)
     for _ in range(settings.image_url_redirects + 1):
+        scheme, host, port, address = await check_url(url, settings, where)
         try:
-            _left(deadline)  # a fetch that began late (every fetcher busy) or after a slow redirect
-            scheme, host, port, address = check_url(url, settings, where)
-            status, location, body = _get(url, scheme, host, port, address, deadline, settings.max_image_bytes, where)
-        except APIError:
-            raise
-        except (OSError, http.client.HTTPException) as exc:
-            reason = "timed out" if isinstance(exc, TimeoutError) else f"failed: {exc}"
-            raise bad_request(f"{where}: fetching {url} {reason}", field) from None
+            status, location, body = await _get(url, scheme, host, port, address, settings.max_image_bytes, where)
+        except (OSError, ValueError, EOFError) as exc:  # refused, reset, TLS, not HTTP, cut short
+            raise bad_request(f"{where}: fetching {url} failed: {exc}", field) from None
         if status in REDIRECTS and location:
             url = urljoin(url, location)
             continue
@@ -129,49 +160,78 @@ def fetch(url: str, settings: Settings, where: str, deadline: float | None = Non
     raise bad_request(f"{where}: more than {settings.image_url_redirects} redirects", field)
 
 
-def _get(
-    url: str, scheme: str, host: str, port: int, address: str, deadline: float, limit: int, where: str
+async def _get(
+    url: str, scheme: str, host: str, port: int, address: str, limit: int, where: str
 ) -> tuple[int, str | None, bytes]:
     """One GET to `address`, in the name of `host` (Host header; SNI and the certificate for https)."""
-    sock = socket.create_connection((address, port), timeout=_left(deadline))
+    parts = urlsplit(url)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if _UNSAFE.search(target):
+        raise ValueError("the URL's path holds spaces or control characters")
+    name = f"[{host}]" if ":" in host else host
+    authority = name if port == (443 if scheme == "https" else 80) else f"{name}:{port}"
+    tls = ssl.create_default_context() if scheme == "https" else None
+    reader, writer = await asyncio.open_connection(
+        address, port, ssl=tls, server_hostname=host if tls else None, limit=LINE
+    )
     try:
-        if scheme == "https":
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
-        conn = http.client.HTTPConnection(host, port, timeout=_left(deadline))
-        conn.sock = sock
-        parts = urlsplit(url)
-        conn.request(
-            "GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers={"Accept": "image/*"}
-        )
-        response = conn.getresponse()
-        if response.status != 200:
-            return response.status, response.getheader("Location"), b""
-        length = response.getheader("Content-Length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise _too_large(where, url, limit)
-        chunks, size = [], 0
-        # read1: what one receive brings, each bounded by the time left (read() would wait for a whole
-        # chunk, a byte at a time from a host that trickles, past the deadline)
-        while True:
-            sock.settimeout(_left(deadline))
-            chunk = response.read1(CHUNK)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(where, url, limit)
-            chunks.append(chunk)
-        return 200, None, b"".join(chunks)
+        head = f"GET {target} HTTP/1.1\r\nHost: {authority}\r\nAccept: image/*\r\nConnection: close\r\n\r\n"
+        writer.write(head.encode("ascii"))
+        status, headers = await _head(reader)
+        if status != 200:
+            return status, headers.get("location"), b""
+        return 200, None, await _body(reader, headers, limit, where, url)
     finally:
-        sock.close()
+        writer.transport.abort()  # Connection: close, and nothing more to read: no closing handshake awaited
+
+
+async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    """The final answer's status and headers (names lower-cased); 1xx interim answers skipped."""
+    while True:
+        line = await reader.readline()
+        version, _, rest = line.decode("latin-1").partition(" ")
+        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+            raise ValueError(f"not an HTTP/1 status line: {line[:40]!r}")
+        headers: dict[str, str] = {}
+        for _ in range(HEADERS + 1):
+            line = await reader.readline()
+            if line in (b"\r\n", b"\n"):
+                break
+            if not line.endswith(b"\n"):
+                raise EOFError("the connection closed within the headers")
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        else:
+            raise ValueError(f"more than {HEADERS} headers")
+        if int(rest[:3]) >= 200:
+            return int(rest[:3]), headers
+
+
+async def _body(reader: asyncio.StreamReader, headers: dict[str, str], limit: int, where: str, url: str) -> bytes:
+    """The body, chunked, of a Content-Length or up to the close; past `limit` a 400 before it is all read."""
+    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+    length = headers.get("content-length", "")
+    if not chunked and length.isdigit():
+        if int(length) > limit:
+            raise _too_large(where, url, limit)
+        return await reader.readexactly(int(length))
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if chunked:
+            n = int(((await reader.readline()).split(b";", 1)[0].strip() or b"-"), 16)
+            chunk = await reader.readexactly(n) if n else b""
+            if n:
+                await reader.readexactly(2)  # the CRLF after a chunk
+        else:
+            chunk = await reader.read(CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(where, url, limit)
+        chunks.append(chunk)
 
 
 def _too_large(where: str, url: str, limit: int) -> APIError:
     return bad_request(f"{where}: {url} is larger than WARMPOOL_MAX_IMAGE_BYTES ({limit} bytes)", field_of(where))
-
-
-def _left(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    return left

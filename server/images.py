@@ -1,5 +1,5 @@
 """Image inputs of a CLIP or SigLIP model: from the request (a data: URL or base64; an http(s) URL
-only where WARMPOOL_IMAGE_URLS allows, server/image_fetch.py), decoded by Pillow within limits,
+only where WARMPOOL_IMAGE_URLS allows, server/url_images.py), decoded by Pillow within limits,
 then resized and cropped exactly as transformers' PIL image processor does it (common.vision.ImageSteps;
 the engine rescales and normalises).
 
@@ -14,7 +14,6 @@ import binascii
 import io
 import math
 import threading
-from collections.abc import Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,6 @@ from common.cpus import usable_cpus
 from common.settings import Settings
 from common.vision import ImageSteps, Vision
 from common.wire import Tokens
-from server import image_fetch
 from server.errors import APIError, bad_request, field_of
 
 FORMATS = ("PNG", "JPEG", "WEBP")  # the decoders Pillow may use: nothing else is tried on a request's bytes
@@ -52,7 +50,7 @@ def image_input(data: bytes, vision: Vision, settings: Settings, where: str) -> 
     """An image's bytes as an engine input (its pixels, and one placeholder id per position the image
     tower computes on: batching and usage count an image by that work), and what it was."""
     with DECODING:
-        image, picture = opened(data, settings, where)
+        image, picture = opened(data, settings, where, vision.steps)
         pixels = preprocess(image, vision.steps)
     return Tokens([0] * vision.positions, pixels=pixels), picture
 
@@ -61,21 +59,9 @@ def is_url(source: str) -> bool:
     return source.startswith(("http://", "https://"))
 
 
-def read_sources(sources: list[tuple[str, str]], settings: Settings, deadline: float) -> Generator[bytes, None, None]:
-    """Each (source, where)'s encoded image in order: http(s) URLs fetched a few at once ahead of
-    their turn, all by `deadline` (image_fetch.fetch_each, where allowed); the others read here
-    (read_source())."""
-    fetched = image_fetch.fetch_each([(s, where) for s, where in sources if is_url(s)], settings, deadline)
-    try:
-        for source, where in sources:
-            yield next(fetched) if is_url(source) else read_source(source, settings, where)
-    finally:
-        fetched.close()  # drops the fetches not begun, whatever ended the loop
-
-
 def read_source(source: str, settings: Settings, where: str) -> bytes:
     """The encoded image a data: URL or bare base64 holds, its size checked before it is decoded from
-    base64 (an http(s) URL is fetched by read_sources)."""
+    base64 (an http(s) URL is fetched on the event loop: server/url_images.py)."""
     payload = source
     if source.startswith("data:"):
         header, comma, payload = source.partition(",")
@@ -98,13 +84,13 @@ def too_large(where: str, settings: Settings) -> APIError:
     )
 
 
-def decode(data: bytes, settings: Settings, where: str) -> Image.Image:
+def decode(data: bytes, settings: Settings, where: str, steps: ImageSteps | None = None) -> Image.Image:
     """A PNG, JPEG or WebP as RGB, transparency composited onto white (transformers' convert_to_rgb).
-    Its size is read from the header first: past WARMPOOL_MAX_IMAGE_PIXELS nothing is decoded."""
-    return opened(data, settings, where)[0]
+    Its size is read from the header first: past the limits (check_size()) nothing is decoded."""
+    return opened(data, settings, where, steps)[0]
 
 
-def opened(data: bytes, settings: Settings, where: str) -> tuple[Image.Image, Picture]:
+def opened(data: bytes, settings: Settings, where: str, steps: ImageSteps | None = None) -> tuple[Image.Image, Picture]:
     """decode()'s RGB image, and the image as it was sent."""
     field = field_of(where)
     if len(data) > settings.max_image_bytes:
@@ -112,12 +98,7 @@ def opened(data: bytes, settings: Settings, where: str) -> tuple[Image.Image, Pi
     try:
         image = Image.open(io.BytesIO(data), formats=FORMATS)  # the header only: nothing decoded yet
         width, height = image.size
-        if width * height > settings.max_image_pixels:
-            raise bad_request(
-                f"{where} is {width} x {height} pixels, more than WARMPOOL_MAX_IMAGE_PIXELS "
-                f"({settings.max_image_pixels}) allows",
-                field,
-            )
+        check_size(width, height, settings, where, steps)
         image.load()
         bits = _MODE_BITS.get(image.mode, 8 * len(image.getbands()))
         return _rgb(image), Picture(width, height, str(image.format).lower(), bits)
@@ -127,6 +108,29 @@ def opened(data: bytes, settings: Settings, where: str) -> tuple[Image.Image, Pi
         raise bad_request(f"{where} is not a PNG, JPEG or WebP image", field) from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:  # what Pillow raises for a corrupt file
         raise bad_request(f"{where} could not be decoded: {exc}", field) from None
+
+
+def check_size(width: int, height: int, settings: Settings, where: str, steps: ImageSteps | None) -> None:
+    """The limits on what an image of this header makes us allocate, checked before any of it is: its
+    aspect ratio (WARMPOOL_MAX_IMAGE_ASPECT_RATIO), and its pixels as decoded and as `steps` resize
+    them (WARMPOOL_MAX_IMAGE_PIXELS: a 1 x 2000 image resized to a 224-pixel shortest edge would be
+    224 x 448000, before the crop)."""
+    field = field_of(where)
+    ratio = max(width, height) / max(1, min(width, height))
+    if ratio > settings.max_image_aspect_ratio:
+        raise bad_request(
+            f"{where} is {width} x {height} pixels, an aspect ratio past WARMPOOL_MAX_IMAGE_ASPECT_RATIO "
+            f"({settings.max_image_aspect_ratio:g})",
+            field,
+        )
+    resized = resized_size(width, height, steps) if steps is not None else (height, width)
+    for what, (h, w) in (("", (height, width)), (" resized", resized)):
+        if h * w > settings.max_image_pixels:
+            raise bad_request(
+                f"{where} is {width} x {height} pixels, {w} x {h}{what}: more than WARMPOOL_MAX_IMAGE_PIXELS "
+                f"({settings.max_image_pixels}) allows",
+                field,
+            )
 
 
 _MODE_BITS = {"1": 1, "I;16": 16, "I": 32, "F": 32}  # Pillow's modes whose bands are not 8 bits each
@@ -148,14 +152,19 @@ def resized_shape(width: int, height: int, shortest: int) -> tuple[int, int]:
     return (new_long, shortest) if width <= height else (shortest, new_long)
 
 
+def resized_size(width: int, height: int, steps: ImageSteps) -> tuple[int, int]:
+    """(height, width) of the image `steps` resize, before any crop."""
+    if steps.shortest_edge is not None:
+        return resized_shape(width, height, steps.shortest_edge)
+    return steps.size if steps.size is not None else (height, width)
+
+
 def preprocess(image: Image.Image, steps: ImageSteps) -> np.ndarray:
     """RGB image -> uint8 [3, H, W]: resized and centre-cropped as the PIL image processor does it;
     the engine rescales and normalises (engine/pixels.py: a quarter of the bytes on the pipe)."""
-    if steps.shortest_edge is not None:
-        height, width = resized_shape(image.width, image.height, steps.shortest_edge)
+    if steps.shortest_edge is not None or steps.size is not None:
+        height, width = resized_size(image.width, image.height, steps)
         image = image.resize((width, height), resample=Image.Resampling(steps.resample))
-    elif steps.size is not None:
-        image = image.resize((steps.size[1], steps.size[0]), resample=Image.Resampling(steps.resample))
     pixels: np.ndarray = np.asarray(image).transpose(2, 0, 1)  # [3, H, W] uint8
     if steps.crop is not None:
         pixels = center_crop(pixels, steps.crop)

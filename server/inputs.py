@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -22,6 +22,9 @@ from server.admission import Admission
 from server.errors import APIError, Shape, bad_request, field_of, from_validation
 from server.services import ServedModel
 from server.tokenizer import Direction, TokenizerPool, runs
+
+if TYPE_CHECKING:
+    from server.url_images import UrlImages
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -68,7 +71,7 @@ class RequestContext:
     configured: tuple[str, ...] = ()  # every model's name, ready or not
     chosen: bool = False  # the request named its model: no other is picked for it
     priority: int = 0  # lower runs first; above 0 is bulk work, kept out of the admission reserve
-    url_deadline: float | None = None  # by when its image URLs are fetched, all together (time.monotonic())
+    url_images: UrlImages | None = None  # its image URLs, fetched on the event loop (set by the pipeline)
 
     @property
     def folder(self) -> ModelFolder:

@@ -5,15 +5,14 @@
 - Infinity's `modality: "image"` on /v1/embeddings (and /embeddings): `input` is a list of images;
 - Cohere's `images` (data: URLs) and `inputs` (one vector per input's content parts) on /v2/embed.
 
-An image is a data: URL, base64, or (WARMPOOL_IMAGE_URLS=allowlist) an http(s) URL: server/images.py.
+An image is a data: URL, base64, or (WARMPOOL_IMAGE_URLS=allowlist) an http(s) URL: server/images.py;
+a URL's image is fetched and decoded after prepare (server/url_images.py), a placeholder until then.
 SigLIP's texts are padded to the full length with its pad token, as its processor pads them
 (inputs.tokenize_inputs, for every route: its text tower pools the last position, padding included).
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,12 +21,13 @@ from pydantic import Field, StrictStr
 
 from common.vision import Vision
 from common.wire import Tokens
-from server import images, inputs, outputs
+from server import image_fetch, images, inputs, outputs
 from server.engine_client import Outcome
 from server.errors import field_of
 from server.inputs import RequestContext
 from server.pipeline import Prepared, envelope
 from server.protocol import Body, ContentPart, Part
+from server.url_images import Pending
 
 Item = tuple[Literal["text", "image"], str]  # one input: a text, or an image's source
 
@@ -124,8 +124,13 @@ def conversation(messages: list[dict[str, Any]], where: str) -> Item:
 
 @dataclass(frozen=True)
 class Encoded:
-    tokens: list[Tokens]  # the engine's inputs, in the order of the items
-    pictures: list[images.Picture]  # the images among them, as sent, in order
+    tokens: list[Tokens]  # the engine's inputs, in the order of the items (an image URL's a placeholder)
+    pictures: list[images.Picture | Pending]  # the images among them, as sent, in order
+
+    def described(self) -> list[images.Picture]:
+        """The images as sent, once the URLs among them are fetched (after prepare)."""
+        described = [p.picture if isinstance(p, Pending) else p for p in self.pictures]
+        return [p for p in described if p is not None]  # every URL's is there by the time this is read
 
 
 def part_item(part: dict[str, Any], where: str) -> Item:
@@ -152,14 +157,25 @@ def encode(items: list[Item], ctx: RequestContext, field: str, truncate: int | N
         tokens = inputs.tokenize_inputs([t for _, t in texts], ctx, truncate, field)  # SigLIP's padded there
         for (i, _), tok in zip(texts, tokens, strict=True):
             out[i] = tok
-    pictures = []
-    if ctx.url_deadline is None:  # set once: /score's two sides and /rerank's query and documents share it
-        ctx.url_deadline = time.monotonic() + ctx.settings.image_url_timeout
     at = [i for i, (kind, _) in enumerate(items) if kind == "image"]
-    sources = [(items[i][1], f"{field}[{i}]" if len(items) > 1 else field) for i in at]
-    with contextlib.closing(images.read_sources(sources, ctx.settings, ctx.url_deadline)) as bodies:
-        for i, (_, where), data in zip(at, sources, bodies, strict=True):
-            out[i], picture = images.image_input(data, vision, ctx.settings, where)
+    wheres = {i: f"{field}[{i}]" if len(items) > 1 else field for i in at}
+    urls = [Pending(items[i][1], wheres[i], vision) for i in at if images.is_url(items[i][1])]
+    for pending in urls:
+        image_fetch.allowed(pending.url, ctx.settings, pending.where)  # refused before anything is fetched
+    if urls:
+        if ctx.url_images is None:
+            raise RuntimeError("image URLs are fetched by the pipeline (pipeline.prepare_in_time)")
+        ctx.url_images.add(urls)  # fetched on the loop from now, while the inline images decode here
+    fetched = iter(urls)
+    pictures: list[images.Picture | Pending] = []
+    for i in at:
+        if images.is_url(items[i][1]):
+            pending = next(fetched)
+            out[i] = pending.placeholder()
+            pictures.append(pending)
+        else:
+            data = images.read_source(items[i][1], ctx.settings, wheres[i])
+            out[i], picture = images.image_input(data, vision, ctx.settings, wheres[i])
             pictures.append(picture)
     return Encoded([t for t in out if t is not None], pictures)
 

@@ -29,6 +29,7 @@ from server.errors import APIError, ClientDisconnected, Shape, bad_request
 from server.inputs import ModelStarting, RequestContext, overloaded
 from server.protocol import PRIORITY_LIMIT
 from server.services import ServedModel, Services, services
+from server.url_images import UrlImages
 
 B = TypeVar("B")
 
@@ -259,21 +260,27 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
 async def prepare_in_time(
     svc: Services, prepare: Prepare, raw: bytes, ctx: RequestContext, gone: asyncio.Future[Any], deadline: float
 ) -> Prepared[Any]:
-    """prepare on the executor, given up (503, or 499 for a client that left) past the deadline; the
-    thread itself runs on, refused any further permits, and gives its permits back when done."""
+    """prepare on the executor, then the image URLs it met fetched on the loop and decoded on the
+    executor (server/url_images.py: no executor thread waits on an image host); given up (503, or 499
+    for a client that left) past the deadline; the thread itself runs on, refused any further
+    permits, and gives its permits back when done."""
     loop = asyncio.get_running_loop()
+    ctx.url_images = urls = UrlImages(loop, svc.executor, ctx.settings)
     running = svc.executor.submit(prepare, raw, ctx)
-    work = asyncio.wrap_future(running, loop=loop)
+    work = asyncio.ensure_future(urls.after(asyncio.wrap_future(running, loop=loop)))
     try:
         done, _ = await asyncio.wait(
             (work, gone), timeout=max(deadline - loop.time(), 0.0), return_when=asyncio.FIRST_COMPLETED
         )
     except asyncio.CancelledError:  # the server is exiting: the permits still follow the thread
         ctx.abandon(running)
+        urls.close()
         raise
     if work in done:
         return work.result()
     ctx.abandon(running)
+    urls.close()
+    work.cancel()
     work.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: nobody awaits it now
     if gone in done:
         svc.metrics.disconnects.inc()

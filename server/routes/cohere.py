@@ -73,7 +73,7 @@ def by_type(prep: Prepared[CohereEmbedRequest], outcome: Outcome, ctx: RequestCo
 def envelope(prep: Prepared[CohereEmbedRequest], version: str, **fields: Any) -> bytes:
     """Cohere's answer: `texts` echoes the texts sent, `images` describes the images (of `images` or
     `inputs`) as they were sent, in order."""
-    pictures = prep.extra.pictures if isinstance(prep.extra, multimodal.Encoded) else []
+    pictures = prep.extra.described() if isinstance(prep.extra, multimodal.Encoded) else []
     return outputs.to_json(
         {
             "id": str(uuid.uuid4()),

@@ -3,13 +3,13 @@ do it (server/images.py), and image URLs fetched only where allowed (server/imag
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import socket
 import struct
 import time
 import zlib
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -120,19 +120,65 @@ def test_decompression_bomb_is_refused_from_its_header() -> None:
     assert "MAX_IMAGE_PIXELS" in refused(lambda: images.decode(bomb(50_000, 50_000), SETTINGS, "input"))
 
 
+@pytest.fixture
+def resizes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The sizes Pillow is asked to resize to (each an allocation of that many pixels)."""
+    asked: list[tuple[int, int]] = []
+    resize = Image.Image.resize
+
+    def spy(image: Image.Image, size: tuple[int, int], *args: Any, **kwargs: Any) -> Image.Image:
+        asked.append(size)
+        return resize(image, size, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "resize", spy)
+    return asked
+
+
+def test_an_extreme_aspect_ratio_is_refused_before_anything_is_resized(
+    folders: dict[str, Path], resizes: list[tuple[int, int]]
+) -> None:
+    """A 1 x 2000 image (a few bytes; resized to the shortest edge it would be thousands of times its
+    size) is a 400 naming WARMPOOL_MAX_IMAGE_ASPECT_RATIO, and nothing is resized."""
+    vision = read_model_folder(folders["clip"]).vision
+    assert vision is not None
+    data = image_bytes("PNG", (1, 2000))
+    message = refused(lambda: images.image_input(data, vision, Settings(), "input[1]"))
+    assert "WARMPOOL_MAX_IMAGE_ASPECT_RATIO (200)" in message and "input[1]" in message
+    assert resizes == []
+
+
+def test_an_image_whose_resize_passes_the_pixel_limit_is_refused_before_it(
+    folders: dict[str, Path], resizes: list[tuple[int, int]]
+) -> None:
+    """WARMPOOL_MAX_IMAGE_PIXELS bounds the image the resize would make, not only the one sent: 10 x 1500
+    (15,000 pixels) resized to a 40-pixel shortest edge is 40 x 6000 (240,000): refused at 100,000."""
+    vision = read_model_folder(folders["clip"]).vision
+    assert vision is not None and vision.steps.shortest_edge == 40
+    data = image_bytes("PNG", (10, 1500))
+    message = refused(lambda: images.image_input(data, vision, Settings(max_image_pixels=100_000), "input"))
+    assert "40 x 6000 resized" in message and "WARMPOOL_MAX_IMAGE_PIXELS (100000)" in message
+    assert resizes == []
+    images.image_input(data, vision, Settings(max_image_pixels=240_000), "input")  # at the limit: served
+    assert resizes == [(40, 6000)]
+
+
 def test_urls_are_refused_by_default() -> None:
     """WARMPOOL_IMAGE_URLS=off: an http(s) URL is a 400 that says how to send the image instead."""
-    bodies = images.read_sources([("https://example.com/cat.png", "input")], Settings(), time.monotonic() + 10)
-    assert "WARMPOOL_IMAGE_URLS=off" in refused(lambda: next(bodies))
+    fetching = image_fetch.fetch("https://example.com/cat.png", Settings(), "input", time.monotonic() + 10)
+    assert "WARMPOOL_IMAGE_URLS=off" in refused(lambda: asyncio.run(fetching))
 
 
 def allowing(hosts: str) -> Settings:
     return Settings(image_urls="allowlist", image_url_allowlist=hosts)
 
 
+def checked(url: str, settings: Settings, where: str) -> tuple[str, str, int, str]:
+    return asyncio.run(image_fetch.check_url(url, settings, where))
+
+
 def test_unlisted_host_is_refused() -> None:
     """With the allowlist on, a host it does not name is refused before any lookup."""
-    assert "ALLOWLIST" in refused(lambda: image_fetch.check_url("http://other.test/a.png", allowing("a.test"), "i"))
+    assert "ALLOWLIST" in refused(lambda: checked("http://other.test/a.png", allowing("a.test"), "i"))
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "169.254.169.254", "10.1.2.3", "::1"])
@@ -143,101 +189,99 @@ def test_non_public_address_is_refused_through_a_domain_entry(monkeypatch: pytes
     answer = [(family, socket.SOCK_STREAM, 6, "", (address, 80))]
     monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: answer)
     settings = allowing("*.example.test")
-    assert "non-public" in refused(lambda: image_fetch.check_url("http://img.example.test/a.png", settings, "i"))
+    assert "non-public" in refused(lambda: checked("http://img.example.test/a.png", settings, "i"))
 
 
 def test_exactly_listed_loopback_host_is_allowed() -> None:
     """The allowlist naming 127.0.0.1 exactly lets it be fetched (a test server, a sidecar)."""
-    assert image_fetch.check_url("http://127.0.0.1:8080/a.png", allowing("127.0.0.1"), "i")[3] == "127.0.0.1"
+    assert checked("http://127.0.0.1:8080/a.png", allowing("127.0.0.1"), "i")[3] == "127.0.0.1"
 
 
 def test_credentials_and_other_schemes_are_refused() -> None:
     """user:password@host and non-http schemes are never fetched."""
     settings = allowing("a.test")
-    assert "credentials" in refused(lambda: image_fetch.check_url("http://u:p@a.test/x.png", settings, "i"))
-    assert "credentials" in refused(lambda: image_fetch.check_url("ftp://a.test/x.png", settings, "i"))
+    assert "credentials" in refused(lambda: checked("http://u:p@a.test/x.png", settings, "i"))
+    assert "credentials" in refused(lambda: checked("ftp://a.test/x.png", settings, "i"))
 
 
-class CountingPool:
-    """Stands in for image_fetch's thread pool: runs each fetch at once, counting them."""
+class Fetches:
+    """Stands in for image_fetch.fetch: answers each URL at once (a 404 for /bad), counting them."""
 
     def __init__(self) -> None:
-        self.submitted = 0
+        self.started = 0
 
-    def submit(self, fn: Any, *args: Any) -> Future[bytes]:
-        self.submitted += 1
-        future: Future[bytes] = Future()
+    async def __call__(self, url: str, settings: Settings, where: str, deadline: float) -> bytes:
+        self.started += 1
+        if url.endswith("/bad"):
+            raise bad_request(f"{where}: {url} answered HTTP 404", where)
+        return url.encode()
+
+
+def bodies_of(urls: list[tuple[str, str]], deadline: float, upto: int | None = None) -> tuple[list[bytes], Any]:
+    """fetch_each's bodies, the first `upto` (all if None), and the error that ended it, if one did."""
+
+    async def scenario() -> tuple[list[bytes], Any]:
+        got: list[bytes] = []
+        each = image_fetch.fetch_each(urls, allowing("a.test"), deadline)
         try:
-            future.set_result(fn(*args))
-        except APIError as exc:
-            future.set_exception(exc)
-        return future
+            while upto is None or len(got) < upto:
+                got.append(await anext(each))
+        except (StopAsyncIteration, APIError) as exc:
+            return got, exc
+        finally:
+            await each.aclose()
+        return got, None
 
-
-def fake_fetch(url: str, settings: Settings, where: str, deadline: float) -> bytes:
-    if url.endswith("/bad"):
-        raise bad_request(f"{where}: {url} answered HTTP 404", where)
-    return url.encode()
+    return asyncio.run(scenario())
 
 
 def test_a_requests_urls_are_fetched_a_window_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
     """A request's URLs are fetched at most WINDOW ahead of the one it is decoding (the bodies it holds
-    at once), in order, mixed with inline images."""
-    pool = CountingPool()
-    monkeypatch.setattr(image_fetch, "_pool", pool)
-    monkeypatch.setattr(image_fetch, "fetch", fake_fetch)
-    inline = base64.b64encode(b"inline").decode()
-    sources = [(f"http://a.test/{k}", f"input[{k}]") for k in range(10)]
-    sources.insert(3, (inline, "input[x]"))
-    bodies = images.read_sources(sources, allowing("a.test"), time.monotonic() + 10)
-    got = [next(bodies)]
-    assert pool.submitted == image_fetch.WINDOW  # only the window, before any was decoded
-    got.extend(bodies)
-    assert got == [source.encode() if source.startswith("http") else b"inline" for source, _ in sources]
-    assert pool.submitted == 10
+    at once), in order."""
+    fetches = Fetches()
+    monkeypatch.setattr(image_fetch, "fetch", fetches)
+    urls = [(f"http://a.test/{k}", f"input[{k}]") for k in range(10)]
+    first, _ = bodies_of(urls, time.monotonic() + 10, upto=1)
+    assert first == [b"http://a.test/0"] and fetches.started == image_fetch.WINDOW  # only the window
+    got, _ = bodies_of(urls, time.monotonic() + 10)
+    assert got == [url.encode() for url, _ in urls]
 
 
 def test_a_failed_fetch_is_the_answer_where_its_url_comes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bodies before a failed URL come out; the failure is a 400 naming that URL's input."""
-    monkeypatch.setattr(image_fetch, "_pool", CountingPool())
-    monkeypatch.setattr(image_fetch, "fetch", fake_fetch)
-    sources = [("http://a.test/0", "input[0]"), ("http://a.test/bad", "input[1]"), ("http://a.test/2", "input[2]")]
-    bodies = images.read_sources(sources, allowing("a.test"), time.monotonic() + 10)
-    assert next(bodies) == b"http://a.test/0"
-    assert "input[1]" in refused(lambda: next(bodies))
-
-
-class BusyPool(CountingPool):
-    """Stands in for image_fetch's thread pool with every fetcher busy: no fetch ever begins."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.futures: list[Future[bytes]] = []
-
-    def submit(self, fn: Any, *args: Any) -> Future[bytes]:
-        self.submitted += 1
-        self.futures.append(Future())
-        return self.futures[-1]
+    monkeypatch.setattr(image_fetch, "fetch", Fetches())
+    urls = [("http://a.test/0", "input[0]"), ("http://a.test/bad", "input[1]"), ("http://a.test/2", "input[2]")]
+    got, failure = bodies_of(urls, time.monotonic() + 10)
+    assert got == [b"http://a.test/0"]
+    assert isinstance(failure, APIError) and failure.status == 400 and "input[1]" in failure.message
 
 
 def test_a_fetch_that_never_began_is_a_503_and_the_rest_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    """When no fetcher frees up by the deadline, the URL's answer is a 503 to retry (not the client's
-    fault), and the request's other fetches, not begun, are cancelled."""
-    pool = BusyPool()
-    monkeypatch.setattr(image_fetch, "_pool", pool)
-    monkeypatch.setattr(image_fetch, "GRACE_S", 0.01)
-    sources = [(f"http://a.test/{k}", f"input[{k}]") for k in range(6)]
-    bodies = images.read_sources(sources, allowing("a.test"), time.monotonic())
-    with pytest.raises(APIError) as caught:
-        next(bodies)
-    assert caught.value.status == 503 and "input[0]" in caught.value.message
-    bodies.close()
-    assert pool.futures and all(f.cancelled() for f in pool.futures)
+    """When no connection frees up by the deadline (other requests hold every one), the URL's answer is
+    a 503 to retry (not the client's fault), and none of the request's fetches begins."""
+    fetches = Fetches()
+    monkeypatch.setattr(image_fetch, "fetch", fetches)
+
+    async def scenario() -> APIError:
+        slots = image_fetch._slots.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(image_fetch.FETCHERS))
+        for _ in range(image_fetch.FETCHERS):
+            await slots.acquire()
+        each = image_fetch.fetch_each(
+            [(f"http://a.test/{k}", f"input[{k}]") for k in range(6)], Settings(), time.monotonic() + 0.05
+        )
+        with pytest.raises(APIError) as caught:
+            await anext(each)
+        await each.aclose()
+        return caught.value
+
+    failure = asyncio.run(scenario())
+    assert failure.status == 503 and "input[0]" in failure.message and failure.headers == {"Retry-After": "1"}
+    assert fetches.started == 0
 
 
 def test_a_fetch_begun_past_the_deadline_times_out_without_connecting() -> None:
-    """A fetch whose request's deadline has passed (it waited for a fetcher) is a 400 'timed out'
+    """A fetch whose request's deadline has passed (it waited for a connection) is a 400 'timed out'
     before any lookup or connection (port 1 would refuse one)."""
     late = time.monotonic() - 1
-    message = refused(lambda: image_fetch.fetch("http://127.0.0.1:1/a.png", allowing("127.0.0.1"), "input", late))
-    assert "timed out" in message
+    fetching = image_fetch.fetch("http://127.0.0.1:1/a.png", allowing("127.0.0.1"), "input", late)
+    assert "timed out" in refused(lambda: asyncio.run(fetching))
