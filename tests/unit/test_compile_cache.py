@@ -113,6 +113,28 @@ def test_a_checksum_finds_bytes_zeroed_in_place(tmp_path: Path) -> None:
         artifacts.verify(artifact)
 
 
+def test_a_cached_artifact_changed_since_its_manifest_is_never_mapped(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache hit whose package was zeroed in place after it was built is refused by its checksum
+    before the loader maps it (mapping torn machine code is a crash): quarantined with that reason."""
+    model = PoolingModel(read_model_folder(model_dir), threads=1)
+    artifact = corrupt_artifact(tmp_path / cache_key(model_dir, "float32"))
+    size = (artifact / compiled.PACKAGE).stat().st_size
+    (artifact / compiled.PACKAGE).write_bytes(bytes(size))
+
+    def mapped(*args: object) -> None:
+        raise AssertionError("the package was mapped")
+
+    monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", mapped)
+    compilation = Compilation(model, tmp_path, 60)
+    compilation.start()
+    compilation.stop()
+    assert model.compiled is None and compilation.detail["cache"] == "invalid"
+    assert "model.pt2 does not match its sha256" in compilation.detail["reason"], compilation.detail
+    assert (tmp_path / compilation.detail["quarantined"] / compiled.PACKAGE).stat().st_size == size
+
+
 def test_an_artifact_without_a_manifest_fails_verification(tmp_path: Path) -> None:
     """No manifest (an artifact torn before it was written, or from before checksums): not loaded."""
     (tmp_path / compiled.PACKAGE).write_bytes(b"code")
