@@ -74,11 +74,12 @@ def quarantine(artifact: Path, reason: str) -> str | None:
     is never loaded again), keeping the newest QUARANTINE_KEEP; its path there, relative to the
     cache, or None if another engine moved it first. Where it cannot be moved, it is removed."""
     root = artifact.parent / QUARANTINE
-    try:
-        root.mkdir(exist_ok=True)
+    with contextlib.suppress(OSError):  # room for it; another engine may be pruning too
         kept = sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)
         for old in kept[: max(len(kept) - QUARANTINE_KEEP + 1, 0)]:
             shutil.rmtree(old, ignore_errors=True)
+    try:
+        root.mkdir(exist_ok=True)
         aside = root / f"{artifact.name}.{time.strftime('%Y%m%dT%H%M%S')}.{os.getpid()}"
         os.rename(artifact, aside)
     except FileNotFoundError:
@@ -113,7 +114,11 @@ def crashed_loading(cache: Path, key: str) -> list[int]:
     holds the lock of (a pid reused since does not matter). Those markers are removed."""
     dead = []
     for marker in (cache / LOADING).glob(f"{key}.*"):
-        with open(marker, "a") as file:
+        try:
+            file = open(marker)  # noqa: SIM115  (closed below; gone meanwhile: its engine finished)
+        except FileNotFoundError:
+            continue
+        with file:
             try:
                 fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
