@@ -5,7 +5,8 @@ misses and keeps serving eager meanwhile; the worker runs at the lowest CPU prio
 of seconds of tracing and C++ compiling take only the cycles serving leaves, and it dies with the
 engine that started it. Engines of one model start one each: the first takes the artifact's lock
 and builds, the others wait on the lock and find the artifact built. The artifact appears whole or
-not at all (built beside it, then renamed).
+not at all (built beside it, then renamed), with its files' checksums (engine/artifacts.py), and
+only once this worker has loaded and run it.
 """
 
 from __future__ import annotations
@@ -97,6 +98,10 @@ def build(folder: Path, precision: str, out: Path) -> None:
     sample = Packed.of([Tokens([token] * n) for n in (3, 5, 9)])
     torch.set_num_threads(1)
     compiled.build_package(model, sample, out)
+    # loaded and run once here, before it is published: a package that crashes whoever maps it
+    # kills this worker (the engine stays eager, with the exit), never a serving engine
+    with torch.inference_mode():
+        compiled.CompiledForward(out, model, out.parent / "trial")(sample)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.artifacts import CorruptArtifact, verify, write_manifest
 from engine.device import cpu_flags
 from engine.packed import Packed
 
@@ -116,6 +117,7 @@ def build_package(model: nn.Module, sample: Packed, out: Path) -> None:
     named = dict(_named_tensors(model))
     extra = {name: t for name, t in program.constants.items() if name not in named}
     torch.save({name: t.detach().clone() for name, t in extra.items()}, out / CONSTANTS)
+    write_manifest(out)  # last: checked before any engine maps the package (engine/artifacts.py)
 
 
 def _named_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -129,6 +131,10 @@ class CompiledForward:
     removes it when this object goes: not /tmp, which containers mount noexec."""
 
     def __init__(self, folder: Path, model: nn.Module, unpack: Path) -> None:
+        try:
+            verify(folder)  # before mapping: torn machine code is a crash, not an exception
+        except CorruptArtifact as exc:
+            raise CompileError(f"cannot load the compiled artifact in {folder}: {exc}") from exc
         saved = os.environ.get("TMPDIR")
         try:
             unpack.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,10 @@ serves compiled from its first request. Without, it starts engine/compile_worker
 eager; between batches it looks whether the worker is done and switches then, so no batch is cut
 in two. Before it switches it runs one small batch both ways and keeps the compiled forward only if
 the two agree. Compiling never fails serving: an artifact that does not load or does not agree
-leaves the engine eager, with the reason in its detail (a cached one is removed and built again),
-and so does a worker that fails or runs past its deadline (it is killed, with its compilers).
+leaves the engine eager, with the reason in its detail (a cached one is quarantined and built
+again), and so does a worker that fails or runs past its deadline (it is killed, with its
+compilers); a cached one that killed the engine before this one is quarantined unloaded
+(engine/artifacts.py: checksums, and a marker while an engine loads one).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 from common.wire import Tokens
+from engine.artifacts import crashed_loading, loading, quarantine
 from engine.compiled import CompiledForward, CompileError, cache_key
 from engine.model import PoolingModel
 from engine.packed import Packed
@@ -57,17 +60,20 @@ class Compilation:
     def start(self) -> None:
         """Load the artifact if the cache has it, else start the worker that builds it. Whatever
         fails here leaves the engine eager, with the reason: compiling never fails serving. An
-        artifact that is there but does not serve is removed and built again."""
+        artifact that is there but does not serve is quarantined and built again."""
         try:
             _clear_unpacked(self.unpacked)
-            self.artifact = self.cache / cache_key(self.model.info.path, self.model.placement.precision)
-            self.detail["artifact"] = self.artifact.name
-            if self.artifact.is_dir():
+            key = cache_key(self.model.info.path, self.model.placement.precision)
+            self.artifact = self.cache / key
+            self.detail["artifact"] = key
+            crashed = crashed_loading(self.cache, key)
+            if crashed and self.artifact.is_dir():  # it killed the engine before this one: never again
+                self._set_aside(f"an engine (pid {crashed[0]}) died while loading or first running it")
+            elif self.artifact.is_dir():
                 self.detail["cache"] = "hit"
                 if self._switch():
                     return
-                self.detail["cache"] = "invalid"  # the reason says why; built again below
-                shutil.rmtree(self.artifact, ignore_errors=True)
+                self._set_aside(self.detail["reason"])
             self._spawn(self.artifact)
         except Exception as exc:  # an unwritable cache, a vanished model file, ...
             self._give_up(f"{type(exc).__name__}: {exc}")
@@ -139,8 +145,10 @@ class Compilation:
         loaded = time.monotonic()
         assert self.artifact is not None
         try:
-            compiled = CompiledForward(self.artifact, self.model.model, self.unpacked / str(os.getpid()))
-            self._check(compiled)
+            # marked while mapped and first run: if this crashes the engine, the next one knows why
+            with loading(self.cache, self.artifact.name):
+                compiled = CompiledForward(self.artifact, self.model.model, self.unpacked / str(os.getpid()))
+                self._check(compiled)
         except CompileError as exc:
             self.detail["reason"] = str(exc)
             return False
@@ -162,6 +170,13 @@ class Compilation:
         limit = AGREE.get(self.model.placement.precision, 1e-1)
         if got.shape != want.shape or not torch.allclose(got, want, atol=limit, rtol=limit):
             raise CompileError(f"the compiled forward disagrees with the eager one (beyond {limit:g})")
+
+    def _set_aside(self, reason: str) -> None:
+        """The cached artifact does not serve: quarantined (engine/artifacts.py), built again."""
+        assert self.artifact is not None
+        self.detail.update(cache="invalid", reason=reason)
+        if (aside := quarantine(self.artifact, reason)) is not None:
+            self.detail["quarantined"] = aside
 
     def _give_up(self, reason: str) -> None:
         self.worker = None

@@ -50,6 +50,10 @@ class EngineStartError(Exception):
     """An engine died or failed while loading or warming up."""
 
 
+class EngineDied(EngineStartError):
+    """An engine's process ended while starting, without saying why (a crash, a kill)."""
+
+
 class RestartBudgetSpent(Exception):
     """More restarts within the window than allowed: the appliance should exit and be restarted."""
 
@@ -158,7 +162,20 @@ class EngineSupervisor:
         loaded = self._expect(conn, 0, Msg.LOADED)
         self.startup.done("engine", **{k: v for k, v in loaded.items() if k != "pid"})
         self.startup.start("warmup")
-        warmup = self._expect(conn, 0, Msg.READY)
+        try:
+            warmup = self._expect(conn, 0, Msg.READY)
+        except EngineDied as exc:
+            if self.settings.compile == "off":
+                raise
+            # It may have crashed on a cached compiled artifact it loads before READY: the next
+            # engine finds the marker it left, sets that artifact aside and starts eager
+            # (engine/artifacts.py). Once: a crash of another cause fails the start as before.
+            log.error("engine_died_in_warmup", slot=0, error=str(exc))
+            self.startup.update("warmup", first_engine_died=str(exc))
+            conn.close()
+            _, conn = self._fork(0)
+            self._expect(conn, 0, Msg.LOADED)
+            warmup = self._expect(conn, 0, Msg.READY)
         self.startup.done("warmup", **{k: v for k, v in warmup.items() if k != "compile"})
         self._start_limit_s = max(60.0, 10 * (float(loaded.get("load_s", 0)) + float(warmup.get("warmup_s", 0))))
         if self.settings.compile == "required":  # a restart may wait on a compile another engine runs
@@ -288,7 +305,7 @@ class EngineSupervisor:
                         kind, body = conn.recv()
                     except (EOFError, OSError):  # it died: its exit code tells why
                         process.join(STOP_GRACE_S)
-                        raise EngineStartError(f"engine exited with code {process.exitcode} while starting") from None
+                        raise EngineDied(f"engine exited with code {process.exitcode} while starting") from None
                     if kind == Msg.FAILED:
                         reason, trace = body
                         # The traceback goes to the log; /health/startup (open without a key) gets one line.
@@ -301,7 +318,7 @@ class EngineSupervisor:
                         self.events.engine_compile(slot, body)
                 elif ref.exited():
                     process.join(STOP_GRACE_S)
-                    raise EngineStartError(f"engine exited with code {process.exitcode} while starting")
+                    raise EngineDied(f"engine exited with code {process.exitcode} while starting")
             raise EngineStartError("stopping")
         except EngineStartError:
             if not ref.exited():

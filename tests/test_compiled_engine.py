@@ -11,7 +11,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["DO_NOT_TRACK"] = "1"
 
+import shutil
+import struct
 import threading
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,9 @@ import torch
 
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
-from engine.compiled import CompiledForward, build_package
+from engine.artifacts import MANIFEST, REASON, write_manifest
+from engine.compile_worker import build
+from engine.compiled import PACKAGE, CompiledForward, build_package, cache_key
 from engine.compiler import AGREE
 from engine.device import cpu_has, cpu_has_int8, place
 from engine.model import PoolingModel
@@ -182,6 +187,77 @@ def test_a_warm_cache_serves_compiled_from_the_first_request(tiny: TinyFolders, 
         embed(proc.client, TEXTS)
         both = wait_for(lambda: len((p := proc.phase("compile"))["detail"]["engines"]) == 2 and p, 60, "engine 1")
         assert both["state"] == "done" and {d["cache"] for d in both["detail"]["engines"].values()} == {"hit"}, both
+
+
+def zeroed_copy(cache: Path, folder: Path, into: Path, manifest: bool = False) -> Path:
+    """A copy of `folder`'s artifact from `cache` in a cache `into`, the code of its shared object
+    (ELF .text, inside the stored zip entry) zeroed in place, its size kept: a torn write or a bad
+    block, which the loader maps and crashes on. `manifest`: checksums of the zeroed files (the
+    corruption came before the manifest was written). The artifact is built here if the cold
+    test did not run."""
+    key = cache_key(folder, "float32")
+    if not (cache / key).is_dir():
+        build(folder, "float32", into.parent / "built" / key)  # its trial run unpacks beside it
+        shutil.copytree(into.parent / "built" / key, cache / key)
+    artifact = Path(shutil.copytree(cache / key, into / key))
+    package = artifact / PACKAGE
+    with zipfile.ZipFile(package) as archive:
+        so = next(entry for entry in archive.infolist() if entry.filename.endswith(".so"))
+    with open(package, "r+b") as file:
+        file.seek(so.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", file.read(4))
+        start = so.header_offset + 30 + name_len + extra_len
+        file.seek(start)
+        elf = file.read(so.file_size)
+        (shoff,) = struct.unpack_from("<Q", elf, 0x28)  # the ELF64 header's section table
+        entry_size, count, names = struct.unpack_from("<HHH", elf, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQ", elf, shoff + i * entry_size) for i in range(count)]
+        strings = sections[names][4]
+        text = next(s for s in sections if elf[strings + s[0] :].startswith(b".text\0"))
+        file.seek(start + text[4])
+        file.write(bytes(text[5]))
+    if manifest:
+        write_manifest(artifact)
+    return artifact
+
+
+def test_an_artifact_zeroed_in_place_is_quarantined_and_built_again(
+    tiny: TinyFolders, cache: Path, tmp_path: Path
+) -> None:
+    """A cached artifact whose code was zeroed after it was built (same size) is not a crash: the
+    server is ready and serves eager, the artifact is in quarantine/ with the reason (on
+    /health/startup too), and the engine builds it again and switches to it."""
+    folder = tiny["gte"]
+    into = tmp_path / "cache"
+    artifact = zeroed_copy(cache, folder, into)
+    with serving(folder, tmp_path / "zeroed.log", compile="auto", compile_cache=into, fail_linger=0, **SERVED) as proc:
+        engine = proc.phase("compile")["detail"]["engines"]["0"]
+        assert engine["mode"] == "eager" and engine["cache"] == "invalid" and engine["compiling"], engine
+        assert "model.pt2 does not match its sha256" in engine["reason"], engine
+        aside = into / engine["quarantined"]
+        assert (aside / REASON).read_text().strip() == engine["reason"] and (aside / PACKAGE).is_file()
+        np.testing.assert_allclose(embed(proc.client, TEXTS), normalize(eager_answers(folder)), atol=1e-5, rtol=0)
+        phase = wait_for(lambda: finished(proc), COMPILE_S, "the compile")
+        assert phase["state"] == "done" and phase["detail"]["engines"]["0"]["mode"] == "compiled", phase
+    assert (artifact / MANIFEST).is_file()  # built again, whole
+
+
+def test_an_artifact_that_crashes_the_engine_loading_it_is_quarantined(
+    tiny: TinyFolders, cache: Path, tmp_path: Path
+) -> None:
+    """An artifact that crashes the engine mapping it though its checksums hold (corrupted before
+    its manifest was written): the first engine dies, the one started in its place finds the marker
+    it left, quarantines the artifact and serves eager, with the reason on /health/startup."""
+    folder = tiny["gte"]
+    into = tmp_path / "cache"
+    zeroed_copy(cache, folder, into, manifest=True)
+    with serving(folder, tmp_path / "crash.log", compile="auto", compile_cache=into, fail_linger=0, **SERVED) as proc:
+        engine = proc.phase("compile")["detail"]["engines"]["0"]
+        assert engine["mode"] == "eager" and engine["cache"] == "invalid", engine
+        assert "died while loading or first running it" in engine["reason"], engine
+        assert (into / engine["quarantined"] / REASON).is_file()
+        assert "-11" in proc.phase("warmup")["detail"]["first_engine_died"]
+        np.testing.assert_allclose(embed(proc.client, TEXTS), normalize(eager_answers(folder)), atol=1e-5, rtol=0)
 
 
 def test_a_corrupt_artifact_leaves_the_engine_eager_with_a_reason(

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from common.modelfolder import read_model_folder
-from engine import compiled
+from engine import artifacts, compiled
 from engine.compiled import CompiledForward, CompileError, cache_key
 from engine.compiler import UNPACKED, Compilation
 from engine.model import PoolingModel
@@ -63,9 +63,11 @@ def test_the_engines_own_code_is_part_of_the_key(folder: Path, tmp_path: Path, m
 
 
 def corrupt_artifact(root: Path) -> Path:
+    """A package its reader refuses, under a manifest that matches it (written corrupt)."""
     root.mkdir(parents=True)
     (root / compiled.PACKAGE).write_bytes(b"PK\x03\x04 not a package")
     torch.save({}, root / compiled.CONSTANTS)
+    artifacts.write_manifest(root)
     return root
 
 
@@ -88,8 +90,99 @@ def test_a_corrupt_cached_artifact_leaves_the_engine_eager_and_is_built_again(tm
     assert compilation.detail["cache"] == "invalid" and compilation.detail["compiling"]
     assert "cannot load the compiled artifact" in compilation.detail["reason"]
     assert not artifact.exists() and compilation.worker is not None
+    aside = tmp_path / compilation.detail["quarantined"]
+    assert (aside / compiled.PACKAGE).is_file() and "cannot load" in (aside / artifacts.REASON).read_text()
     compilation.stop()
     assert compilation.worker.returncode is not None
+
+
+def test_a_checksum_finds_bytes_zeroed_in_place(tmp_path: Path) -> None:
+    """A file of the artifact changed after its manifest (zeroed in place, its size kept: a torn
+    write, a bad block) fails verification, naming the file; the intact artifact passes."""
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    (artifact / compiled.PACKAGE).write_bytes(bytes(range(256)) * 64)
+    (artifact / compiled.CONSTANTS).write_bytes(b"constants")
+    artifacts.write_manifest(artifact)
+    artifacts.verify(artifact)
+    with open(artifact / compiled.PACKAGE, "r+b") as package:
+        package.seek(4096)
+        package.write(bytes(4096))
+    assert (artifact / compiled.PACKAGE).stat().st_size == 256 * 64
+    with pytest.raises(artifacts.CorruptArtifact, match=r"model\.pt2 does not match its sha256"):
+        artifacts.verify(artifact)
+
+
+def test_a_cached_artifact_changed_since_its_manifest_is_never_mapped(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache hit whose package was zeroed in place after it was built is refused by its checksum
+    before the loader maps it (mapping torn machine code is a crash): quarantined with that reason."""
+    model = PoolingModel(read_model_folder(model_dir), threads=1)
+    artifact = corrupt_artifact(tmp_path / cache_key(model_dir, "float32"))
+    size = (artifact / compiled.PACKAGE).stat().st_size
+    (artifact / compiled.PACKAGE).write_bytes(bytes(size))
+
+    def mapped(*args: object) -> None:
+        raise AssertionError("the package was mapped")
+
+    monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", mapped)
+    compilation = Compilation(model, tmp_path, 60)
+    compilation.start()
+    compilation.stop()
+    assert model.compiled is None and compilation.detail["cache"] == "invalid"
+    assert "model.pt2 does not match its sha256" in compilation.detail["reason"], compilation.detail
+    assert (tmp_path / compilation.detail["quarantined"] / compiled.PACKAGE).stat().st_size == size
+
+
+def test_an_artifact_without_a_manifest_fails_verification(tmp_path: Path) -> None:
+    """No manifest (an artifact torn before it was written, or from before checksums): not loaded."""
+    (tmp_path / compiled.PACKAGE).write_bytes(b"code")
+    with pytest.raises(artifacts.CorruptArtifact, match=r"no manifest\.json"):
+        artifacts.verify(tmp_path)
+
+
+def test_a_marker_left_by_a_dead_engine_is_found_and_a_live_ones_is_not(tmp_path: Path) -> None:
+    """An engine that dies while loading an artifact leaves its marker unlocked: found (its pid)
+    and removed; a marker held by a live engine (this process, loading now) is not."""
+    child = os.fork()
+    if child == 0:  # an engine that crashes while loading
+        with artifacts.loading(tmp_path, "key"):
+            os._exit(0)
+    os.waitpid(child, 0)
+    with artifacts.loading(tmp_path, "key"):
+        assert artifacts.crashed_loading(tmp_path, "key") == [child]
+        assert artifacts.crashed_loading(tmp_path, "key") == []
+    assert not list((tmp_path / artifacts.LOADING).iterdir())
+
+
+def test_an_artifact_that_crashed_an_engine_is_quarantined_unloaded(tmp_path: Path, model_dir: Path) -> None:
+    """A cached artifact whose marker a dead engine left: not loaded (never mapped again), moved
+    into quarantine/ with the reason, the engine eager and building it again."""
+    model = PoolingModel(read_model_folder(model_dir), threads=1)
+    key = cache_key(model_dir, "float32")
+    corrupt_artifact(tmp_path / key)
+    (tmp_path / artifacts.LOADING).mkdir()
+    (tmp_path / artifacts.LOADING / f"{key}.1234").touch()
+    compilation = Compilation(model, tmp_path, 60)
+    compilation.start()
+    compilation.stop()
+    detail = compilation.detail
+    assert model.compiled is None and detail["mode"] == "eager" and detail["cache"] == "invalid", detail
+    assert detail["reason"] == "an engine (pid 1234) died while loading or first running it"
+    assert (tmp_path / detail["quarantined"] / artifacts.REASON).read_text().strip() == detail["reason"]
+    assert not (tmp_path / key).exists() and compilation.worker is not None
+
+
+def test_quarantine_keeps_the_newest_few(tmp_path: Path) -> None:
+    """Quarantined artifacts are evidence, bounded: the oldest go past QUARANTINE_KEEP."""
+    for n in range(artifacts.QUARANTINE_KEEP + 2):
+        (tmp_path / f"a{n}").mkdir()
+        aside = artifacts.quarantine(tmp_path / f"a{n}", f"reason {n}")
+        assert aside is not None
+        os.utime(tmp_path / aside, (n, n))  # in order, whatever the clock's resolution
+    kept = sorted((p / artifacts.REASON).read_text().strip() for p in (tmp_path / artifacts.QUARANTINE).iterdir())
+    assert kept == [f"reason {n}" for n in range(2, artifacts.QUARANTINE_KEEP + 2)]
 
 
 def test_a_compile_past_its_deadline_is_killed_and_the_engine_stays_eager(tmp_path: Path, model_dir: Path) -> None:
