@@ -367,9 +367,9 @@ def run_prefetch(
     run = Run()
     real_read = prefetch._read_block
 
-    def recording_read(path: Path, offset: int, length: int) -> int:
+    def recording_read(path: Path, offset: int, length: int, buffer: memoryview) -> int:
         run.read.append(path.name)
-        return real_read(path, offset, length)
+        return real_read(path, offset, length, buffer)
 
     monkeypatch.setattr(prefetch, "_read_block", recording_read)
     if evicted:
