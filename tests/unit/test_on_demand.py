@@ -1,12 +1,22 @@
-"""Models on demand without a server: the budget's syntax, which models start, which goes first."""
+"""Models on demand without a server: the budget's syntax, which models start, which goes first;
+two models that do not fit together take turns (the pool with a stand-in for the server's boot)."""
 
 from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from common.settings import Settings, budget_bytes
 from common.startup import StartupState
-from orchestrator.ondemand import first_resident, least_recently_used
+from orchestrator import ondemand
+from orchestrator.ondemand import ModelPool, first_resident, least_recently_used
+from server.admission import Admission
+from server.errors import APIError
+from server.services import ServedModel, Services
 
 
 @pytest.mark.parametrize(
@@ -92,3 +102,102 @@ def test_an_on_demand_models_failure_is_its_own() -> None:
     assert state.state("engine:b") == "skipped" and state.engine_up
     state.fail("engine:a", "boom")
     assert state.failed
+
+
+LOAD_S = 0.005  # a stand-in load's time: its residence is at least MIN_RESIDENCE_S, at most 10 x this
+
+
+class Boots:
+    """The server's side of a load, standing in for LifecycleServer: a model serves after LOAD_S."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.count = 0
+
+    async def boot_model(self, settings: Settings) -> bool:
+        await asyncio.sleep(LOAD_S)
+        self.count += 1
+        name = settings.model_name
+        self.services.models[name] = ServedModel(name, None, None, None, Admission(4))  # type: ignore[arg-type]
+        return True
+
+    def wiring(self, name: str) -> None:
+        return None
+
+    def retire(self, name: str) -> None:
+        return None
+
+
+@pytest.fixture
+def services(monkeypatch: pytest.MonkeyPatch) -> Iterator[Services]:
+    monkeypatch.setattr(ondemand, "_prefetch", lambda settings, phases: None)  # no files to read
+    with ThreadPoolExecutor(1) as executor:
+        yield Services(settings=Settings(load_wait=10), startup=StartupState(["a", "b"]), executor=executor)
+
+
+def turn_takers(services: Services, min_residence_s: float) -> tuple[ModelPool, Boots]:
+    """a and b, both resident=auto, and a budget that holds one of them (their estimate: one engine's
+    allowance, no weights found); a starts."""
+    host = Boots(services)
+    pool = ModelPool(host, models("a=/m/a;resident=auto", "b=/m/b;resident=auto"), 200 * 10**6)
+    pool.min_residence_s = min_residence_s
+    services.loader = pool
+    return pool, host
+
+
+async def request(services: Services, name: str, work_s: float) -> None:
+    """What the pipeline does with a model: wait for it, hold its permits while the work runs, mark it used."""
+    assert services.loader is not None
+    await services.loader.until_loaded(name)
+    admission = services.models[name].admission
+    assert admission is not None
+    held = admission.try_acquire(1)
+    assert held is not None
+    try:
+        await asyncio.sleep(work_s)
+    finally:
+        admission.release(held)
+    services.last_used[name] = time.time()
+
+
+def test_two_models_in_a_budget_for_one_take_turns(services: Services) -> None:
+    """A client for each, back to back: every request is answered (none 503 no_room while the other
+    loads), and each on-demand load stays its minimum residence, so loads are bounded by time."""
+    min_residence_s = 0.05
+
+    async def scenario() -> tuple[int, float]:
+        pool, host = turn_takers(services, min_residence_s)
+        await pool.boot()
+
+        async def client(name: str) -> None:
+            for _ in range(25):
+                await request(services, name, 0.003)
+                await asyncio.sleep(0.003)  # the client's own time between requests
+
+        begun = time.monotonic()
+        await asyncio.gather(client("a"), client("b"))
+        return host.count - 1, time.monotonic() - begun
+
+    loads, elapsed = asyncio.run(scenario())
+    assert 1 <= loads <= elapsed / min_residence_s + 2
+
+
+def test_a_request_waiting_for_a_busy_model_gets_503_no_room_naming_it(services: Services) -> None:
+    """While a has requests in flight all along, b's request waits its WARMPOOL_LOAD_WAIT, then is a
+    503 no_room with Retry-After naming a as busy; a was not unloaded for it."""
+    services.settings.load_wait = 0.1
+
+    async def scenario() -> APIError:
+        pool, host = turn_takers(services, 0.0)
+        await pool.boot()
+        busy = asyncio.ensure_future(request(services, "a", 0.3))
+        await asyncio.sleep(0)  # a's request holds its permit
+        with pytest.raises(APIError) as refused:
+            await request(services, "b", 0.0)
+        assert pool.describe("a")["state"] == "ready" and host.count == 1
+        await busy
+        return refused.value
+
+    error = asyncio.run(scenario())
+    assert (error.status, error.code, error.headers) == (503, "no_room", {"Retry-After": "1"})
+    assert "'a'" in error.message and "busy" in error.message and "WARMPOOL_LOAD_WAIT" in error.message
