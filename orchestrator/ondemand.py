@@ -3,9 +3,9 @@
 Models start in the order listed while they fit (`resident=always` ones whatever the budget); a
 request naming a `resident=auto` model that is not loaded loads it (one load however many ask),
 the least recently used `auto` models unloaded first to make room; an idle `auto` model goes after
-its keep_alive. A model is unloaded for room only when idle and past its minimum residence (loaded
-on demand, it stays a while): two models that do not fit together take turns instead of unloading
-one per request, and a request for the one waiting has its WARMPOOL_LOAD_WAIT to get its turn.
+its keep_alive. A model loaded on demand is unloaded for room only past its minimum residence: two
+models that do not fit together take turns instead of unloading one per request, and a request for
+the one not loaded waits for its turn (at most WARMPOOL_LOAD_WAIT).
 A model's memory is estimated from its files before it loads (orchestrator/budget.py), then
 measured: its engines' PSS, as the engine phase reports it (common/procmem.py).
 """
@@ -38,7 +38,8 @@ POLL_S = 0.02  # how often an unload looks whether the model's in-flight request
 TICK_S = 0.25  # how often idle models are looked for (keep_alive)
 MEASURE_S = 5.0  # how often resident models' memory is measured again
 # A model loaded on demand is not unloaded for room before this long, or RESIDENCE_PER_LOAD times its
-# load if longer: the models taking turns in a budget spend at most about a tenth of the time loading.
+# load if longer (the models taking turns in a budget spend at most about a tenth of the time
+# loading), but at most half of WARMPOOL_LOAD_WAIT: a request waiting for its turn gets it in time.
 MIN_RESIDENCE_S = 2.0
 RESIDENCE_PER_LOAD = 10
 
@@ -69,7 +70,7 @@ class Slot:
     loaded_at: float = 0.0
     stays_until: float = 0.0  # monotonic: not unloaded for room before (its minimum residence)
     waiters: int = 0  # requests waiting for its load: room is waited for while one does
-    awaits_room: bool = False  # its load waits for a busy model to be unloadable
+    awaits_room: bool = False  # its load waits for a model's residence to end
 
     @property
     def name(self) -> str:
@@ -125,6 +126,9 @@ class ModelPool:
         used = self.svc.last_used.get(name)
         return {"state": state, "resident": slot.settings.resident, "memory_bytes": slot.held, "last_used": used}
 
+    def loading(self) -> bool:
+        return any(slot.state == "loading" and not slot.booting for slot in self.slots.values())
+
     def wakes(self, name: str) -> bool:
         slot = self.slots.get(name)
         return slot is not None and slot.auto and not (slot.state == "loading" and slot.booting)
@@ -158,7 +162,7 @@ class ModelPool:
         except TimeoutError:
             self.svc.metrics.rejections.labels(reason="load_wait").inc()
             if slot.awaits_room:
-                raise self._no_room(slot, busy=True) from None
+                raise self._no_room(slot, waited=True) from None
             raise self.svc.unavailable(
                 f"model '{name}' is loading and was not ready within WARMPOOL_LOAD_WAIT "
                 f"({self.svc.settings.load_wait:g} s): retry later"
@@ -247,6 +251,7 @@ class ModelPool:
         slot.state, slot.loaded_at = "resident", time.time()
         if not slot.booting:
             residence = max(self.min_residence_s, RESIDENCE_PER_LOAD * (loop.time() - booting))
+            residence = min(residence, svc.settings.load_wait / 2)
             slot.stays_until = time.monotonic() + residence
             svc.metrics.model_loads.labels(model=name).inc()
             log.info("model_loaded", model=name, load_s=round(loop.time() - begun, 3))
@@ -254,10 +259,9 @@ class ModelPool:
         return True
 
     async def _make_room(self, slot: Slot) -> None:
-        """Unload least recently used idle `auto` models until this one fits. Where the rest is held
-        by `always` models: 503 no_room at once; where by `auto` ones busy (requests in flight, or
-        within their minimum residence): wait while a request waits for this load (each for its
-        WARMPOOL_LOAD_WAIT, then 503 no_room naming them)."""
+        """Unload least recently used `auto` models past their residence until this one fits (those in
+        flight finish first). Where the rest is held by `always` models: 503 no_room at once; else wait
+        while a request waits for this load (each at most its WARMPOOL_LOAD_WAIT, then 503 no_room)."""
         if self.budget is None:
             return
         await self._measure()
@@ -269,34 +273,32 @@ class ModelPool:
                 await self.unload(victim, "evicted")
                 continue
             if used - sum(s.held for s in self._turn_takers(slot)) + slot.estimate > self.budget:
-                raise self._no_room(slot, busy=False)  # the `always` models leave no room, ever
+                raise self._no_room(slot, waited=False)  # the `always` models leave no room, ever
             if not slot.waiters:  # each request waiting for it has had its WARMPOOL_LOAD_WAIT
-                raise self._no_room(slot, busy=True)
+                raise self._no_room(slot, waited=True)
             slot.awaits_room = True
             await asyncio.sleep(POLL_S)
 
     def _unloadable(self, slot: Slot) -> list[Slot]:
-        """The `auto` models that may be unloaded to make room for `slot` now: idle, past their residence."""
+        """The `auto` models that may be unloaded to make room for `slot` now: past their residence."""
         now = time.monotonic()
-        return [
-            s for s in self._turn_takers(slot) if s.state == "resident" and not self._busy(s) and now >= s.stays_until
-        ]
+        return [s for s in self._turn_takers(slot) if s.state == "resident" and now >= s.stays_until]
 
     def _turn_takers(self, slot: Slot) -> list[Slot]:
         """The other `auto` models holding part of the budget (loaded, loading or unloading)."""
         return [s for s in self.slots.values() if s.auto and s is not slot and s.held]
 
-    def _no_room(self, slot: Slot, busy: bool) -> APIError:
+    def _no_room(self, slot: Slot, waited: bool) -> APIError:
         assert self.budget is not None
         used = sum(s.held for s in self.slots.values() if s is not slot) / 1e6
         need = f"model '{slot.name}' needs about {slot.estimate / 1e6:.0f} MB and the models loaded hold {used:.0f} MB"
         budget = f"of WARMPOOL_MEMORY_BUDGET ({self.budget / 1e6:.0f} MB)"
-        if busy:
+        if waited:
             names = ", ".join(f"'{s.name}'" for s in self._turn_takers(slot))
             why = (
                 f"{names} could not be unloaded within WARMPOOL_LOAD_WAIT ({self.svc.settings.load_wait:g} s): "
-                "busy (requests in flight, or loaded on demand too recently: "
-                f"one stays {self.min_residence_s:g} s at least)"
+                "loading, or within their residence (a model loaded on demand stays "
+                f"{self.min_residence_s:g} s at least)"
             )
         else:
             why = "none of which can be unloaded (resident=always)"
