@@ -71,6 +71,7 @@ class Slot:
     stays_until: float = 0.0  # monotonic: not unloaded for room before (its minimum residence)
     waiters: int = 0  # requests waiting for its load: room is waited for while one does
     awaits_room: bool = False  # its load waits for a model's residence to end
+    placed: bool = False  # loading, it has its room (a load still waiting to make room holds none)
 
     @property
     def name(self) -> str:
@@ -84,8 +85,9 @@ class Slot:
     def held(self) -> int:
         """What it counts for in the budget: its engines' PSS once measured, at least its estimate
         (measured just after warm-up, an engine has not grown to its working heap yet; an `always`
-        model's weights are partly the forkserver's)."""
-        if self.state not in ("resident", "loading", "unloading"):
+        model's weights are partly the forkserver's). A load still waiting to make room holds nothing:
+        counted, it would keep the load making room (which it waits behind) from ever finding it."""
+        if self.state not in ("resident", "loading", "unloading") or (self.state == "loading" and not self.placed):
             return 0
         return max(self.measured or 0, self.estimate)
 
@@ -220,7 +222,7 @@ class ModelPool:
         if slot.loads is None or slot.loads.done():
             if self.svc.startup.draining:
                 raise self.svc.unavailable()
-            slot.state, slot.booting = "loading", booting
+            slot.state, slot.booting, slot.placed = "loading", booting, booting
             slot.loads = asyncio.ensure_future(self._load(slot))
             slot.loads.add_done_callback(lambda t: t.cancelled() or t.exception())  # a waiter may have gone
         return slot.loads
@@ -233,6 +235,7 @@ class ModelPool:
             if not slot.booting:
                 async with self._room:
                     await self._make_room(slot)
+                    slot.placed = True
                 if svc.startup.draining:  # the drain stops the engines it knows of: start none after it
                     raise svc.unavailable()
                 svc.startup.reset_model(name, "loading")

@@ -164,10 +164,11 @@ async def request(services: Services, name: str, work_s: float) -> None:
     services.last_used[name] = time.time()
 
 
-def test_two_models_in_a_budget_for_one_take_turns(services: Services) -> None:
+def test_two_models_in_a_budget_for_one_take_turns(services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
     """A client for each, back to back: every request is answered (none 503 no_room while the other
     loads), and each on-demand load stays its minimum residence, so loads are bounded by time."""
-    min_residence_s = 0.05
+    min_residence_s = 0.2
+    monkeypatch.setattr(ondemand, "RESIDENCE_PER_LOAD", 0)  # the residence whatever a busy machine makes a load take
 
     async def scenario() -> tuple[int, float]:
         pool, host = turn_takers(services, min_residence_s)
@@ -225,3 +226,24 @@ def test_a_request_while_no_model_serves_during_a_switch_waits_for_the_one_loadi
         return served
 
     assert asyncio.run(asyncio.wait_for(scenario(), 5)).name == "b"
+
+
+def test_a_load_waiting_to_make_room_holds_none(services: Services) -> None:
+    """b is unloaded for a, and b's next load starts the instant that unload ends (before a's load,
+    which made room, looks again): b's load waits behind a's, holding no room meanwhile, so a's
+    request is answered rather than both waiting on each other until a 503 no_room."""
+    services.settings.load_wait = 1
+
+    async def scenario() -> None:
+        pool, _ = turn_takers(services, 0.0)
+        await pool.boot()
+        await request(services, "b", 0.0)  # a unloaded for b
+        for_a = asyncio.ensure_future(request(services, "a", 0.0))
+        while (unloads := pool.slots["b"].unloads) is None or unloads.done():
+            await asyncio.sleep(0.005)
+        loads: list[asyncio.Task[bool]] = []
+        unloads.add_done_callback(lambda _: loads.append(pool._start(pool.slots["b"])))  # b's load, at once
+        await for_a  # raises no_room past WARMPOOL_LOAD_WAIT where b's waiting load held room
+        await asyncio.gather(*loads, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
