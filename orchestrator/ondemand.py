@@ -3,8 +3,11 @@
 Models start in the order listed while they fit (`resident=always` ones whatever the budget); a
 request naming a `resident=auto` model that is not loaded loads it (one load however many ask),
 the least recently used `auto` models unloaded first to make room; an idle `auto` model goes after
-its keep_alive. A model's memory is estimated from its files before it loads, then measured: its
-engines' PSS, as the engine phase reports it (common/procmem.py).
+its keep_alive. A model loaded on demand is unloaded for room only past its minimum residence: two
+models that do not fit together take turns instead of unloading one per request, and a request for
+the one not loaded waits for its turn (at most WARMPOOL_LOAD_WAIT).
+A model's memory is estimated from its files before it loads (orchestrator/budget.py), then
+measured: its engines' PSS, as the engine phase reports it (common/procmem.py).
 """
 
 from __future__ import annotations
@@ -17,12 +20,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
 
-from common.folderjson import ModelError
-from common.modelfiles import files_to_load
 from common.procmem import process_memory
 from common.settings import Settings
 from common.startup import ModelPhases
 from orchestrator import prefetch, readorder
+from orchestrator.budget import estimate, first_resident, least_recently_used
 from server.errors import APIError
 from server.services import ServedModel, Services
 
@@ -32,44 +34,14 @@ if TYPE_CHECKING:
 log = structlog.get_logger("warmpool.ondemand")
 
 State = Literal["resident", "loading", "unloading", "unloaded", "failed"]
-# An allowance for what an engine holds beside the model's weights (its heap, its share of torch's
-# pages, fused projections). Not calibrated: on all-MiniLM-L6-v2 an engine's measured PSS stayed
-# below weights + this, so the estimate is what counted there.
-ENGINE_BYTES = 150 * 10**6
 POLL_S = 0.02  # how often an unload looks whether the model's in-flight requests have finished
 TICK_S = 0.25  # how often idle models are looked for (keep_alive)
 MEASURE_S = 5.0  # how often resident models' memory is measured again
-
-
-def estimate(settings: Settings) -> int:
-    """A model's memory before it loads: its weight files (mapped, shared by its engines), the
-    copies a CPU engine converts to its dtype, and ENGINE_BYTES per engine."""
-    try:
-        files = [f for f in files_to_load(settings.model_path) if f.suffix in (".safetensors", ".bin")]
-        weights = sum(f.stat().st_size for f in files)
-        cpu = settings.resolved_device == "cpu"
-        compute = readorder.CPU_COMPUTE[settings.dtype] if cpu else None
-        converted = readorder.converted_bytes([f for f in files if f.suffix == ".safetensors"], compute)
-    except (ModelError, OSError, ValueError):  # its engine phase will say what is wrong with the folder
-        weights = converted = 0
-    return weights + converted + settings.engine_count * ENGINE_BYTES
-
-
-def first_resident(models: list[Settings], estimates: list[int], budget: int | None) -> list[bool]:
-    """Which models start: every `always` one, and the `auto` ones in the order listed while they
-    fit in what the `always` ones leave of the budget."""
-    used = sum(size for m, size in zip(models, estimates, strict=True) if m.resident == "always")
-    chosen = []
-    for m, size in zip(models, estimates, strict=True):
-        fits = m.resident == "always" or budget is None or used + size <= budget
-        used += size if fits and m.resident == "auto" else 0
-        chosen.append(fits)
-    return chosen
-
-
-def least_recently_used(candidates: list[str], last_used: dict[str, float]) -> str | None:
-    """The model to unload first: the one answered longest ago (never answered: first of all)."""
-    return min(candidates, key=lambda name: last_used.get(name, 0.0), default=None)
+# A model loaded on demand is not unloaded for room before this long, or RESIDENCE_PER_LOAD times its
+# load if longer (the models taking turns in a budget spend at most about a tenth of the time
+# loading), but at most half of WARMPOOL_LOAD_WAIT: a request waiting for its turn gets it in time.
+MIN_RESIDENCE_S = 2.0
+RESIDENCE_PER_LOAD = 10
 
 
 class Host(Protocol):
@@ -96,6 +68,10 @@ class Slot:
     unloads: asyncio.Task[None] | None = None
     measured: int | None = None  # its engines' PSS, bytes
     loaded_at: float = 0.0
+    stays_until: float = 0.0  # monotonic: not unloaded for room before (its minimum residence)
+    waiters: int = 0  # requests waiting for its load: room is waited for while one does
+    awaits_room: bool = False  # its load waits for a model's residence to end
+    placed: bool = False  # loading, it has its room (a load still waiting to make room holds none)
 
     @property
     def name(self) -> str:
@@ -109,8 +85,9 @@ class Slot:
     def held(self) -> int:
         """What it counts for in the budget: its engines' PSS once measured, at least its estimate
         (measured just after warm-up, an engine has not grown to its working heap yet; an `always`
-        model's weights are partly the forkserver's)."""
-        if self.state not in ("resident", "loading", "unloading"):
+        model's weights are partly the forkserver's). A load still waiting to make room holds nothing:
+        counted, it would keep the load making room (which it waits behind) from ever finding it."""
+        if self.state not in ("resident", "loading", "unloading") or (self.state == "loading" and not self.placed):
             return 0
         return max(self.measured or 0, self.estimate)
 
@@ -126,6 +103,7 @@ class ModelPool:
         self._room = asyncio.Lock()  # one load makes room at a time
         self._measured_at = 0.0
         self.waiting = 0  # requests waiting for a load
+        self.min_residence_s = MIN_RESIDENCE_S
         self.svc.startup.on_demand = {name for name, slot in self.slots.items() if slot.auto}
 
     async def boot(self) -> list[bool]:
@@ -150,6 +128,9 @@ class ModelPool:
         used = self.svc.last_used.get(name)
         return {"state": state, "resident": slot.settings.resident, "memory_bytes": slot.held, "last_used": used}
 
+    def loading(self) -> bool:
+        return any(slot.state == "loading" and not slot.booting for slot in self.slots.values())
+
     def wakes(self, name: str) -> bool:
         slot = self.slots.get(name)
         return slot is not None and slot.auto and not (slot.state == "loading" and slot.booting)
@@ -172,6 +153,7 @@ class ModelPool:
         loop = asyncio.get_running_loop()
         begun = loop.time()
         self.waiting += 1
+        slot.waiters += 1
         try:
             while slot.unloads is not None and not slot.unloads.done():
                 await asyncio.wait_for(asyncio.shield(slot.unloads), self._left(begun))
@@ -181,12 +163,15 @@ class ModelPool:
                     raise APIError(503, f"model '{name}' failed to load: see /health/startup", code="model_failed")
         except TimeoutError:
             self.svc.metrics.rejections.labels(reason="load_wait").inc()
+            if slot.awaits_room:
+                raise self._no_room(slot, waited=True) from None
             raise self.svc.unavailable(
                 f"model '{name}' is loading and was not ready within WARMPOOL_LOAD_WAIT "
                 f"({self.svc.settings.load_wait:g} s): retry later"
             ) from None
         finally:
             self.waiting -= 1
+            slot.waiters -= 1
             self.svc.metrics.load_wait.labels(model=name).observe(loop.time() - begun)
 
     async def unload(self, name: str, reason: str = "asked") -> None:
@@ -237,7 +222,7 @@ class ModelPool:
         if slot.loads is None or slot.loads.done():
             if self.svc.startup.draining:
                 raise self.svc.unavailable()
-            slot.state, slot.booting = "loading", booting
+            slot.state, slot.booting, slot.placed = "loading", booting, booting
             slot.loads = asyncio.ensure_future(self._load(slot))
             slot.loads.add_done_callback(lambda t: t.cancelled() or t.exception())  # a waiter may have gone
         return slot.loads
@@ -250,45 +235,77 @@ class ModelPool:
             if not slot.booting:
                 async with self._room:
                     await self._make_room(slot)
+                    slot.placed = True
                 if svc.startup.draining:  # the drain stops the engines it knows of: start none after it
                     raise svc.unavailable()
                 svc.startup.reset_model(name, "loading")
                 _prefetch(slot.settings, svc.startup.for_model(name))
                 log.info("model_loading", model=name, estimate_mb=slot.estimate // 10**6)
+            booting = loop.time()
             ok = await self.host.boot_model(slot.settings)
         except BaseException:
             slot.state = "unloaded"
             raise
+        finally:
+            slot.awaits_room = False
         if not ok:
             slot.state = "failed"
             return False
         slot.state, slot.loaded_at = "resident", time.time()
         if not slot.booting:
+            residence = max(self.min_residence_s, RESIDENCE_PER_LOAD * (loop.time() - booting))
+            residence = min(residence, svc.settings.load_wait / 2)
+            slot.stays_until = time.monotonic() + residence
             svc.metrics.model_loads.labels(model=name).inc()
             log.info("model_loaded", model=name, load_s=round(loop.time() - begun, 3))
         await self._measure()
         return True
 
     async def _make_room(self, slot: Slot) -> None:
-        """Unload least recently used `auto` models until this one fits; 503 if it cannot."""
+        """Unload least recently used `auto` models past their residence until this one fits (those in
+        flight finish first). Where the rest is held by `always` models: 503 no_room at once; else wait
+        while a request waits for this load (each at most its WARMPOOL_LOAD_WAIT, then 503 no_room)."""
         if self.budget is None:
             return
         await self._measure()
         while (used := sum(s.held for s in self.slots.values() if s is not slot)) + slot.estimate > self.budget:
-            idle = [s.name for s in self.slots.values() if s.auto and s.state == "resident" and s is not slot]
-            victim = least_recently_used(idle, self.svc.last_used)
-            if victim is None:
-                raise APIError(
-                    503,
-                    f"model '{slot.name}' needs about {slot.estimate / 1e6:.0f} MB and the models loaded hold "
-                    f"{used / 1e6:.0f} MB of WARMPOOL_MEMORY_BUDGET ({self.budget / 1e6:.0f} MB), none of which can "
-                    "be unloaded now: retry later",
-                    code="no_room",
-                    headers={"Retry-After": "1"},
-                )
-            log.info("model_evicted", model=victim, for_model=slot.name, used_mb=used // 10**6)
-            self.svc.metrics.model_evictions.labels(model=victim).inc()
-            await self.unload(victim, "evicted")
+            victim = least_recently_used([s.name for s in self._unloadable(slot)], self.svc.last_used)
+            if victim is not None:
+                log.info("model_evicted", model=victim, for_model=slot.name, used_mb=used // 10**6)
+                self.svc.metrics.model_evictions.labels(model=victim).inc()
+                await self.unload(victim, "evicted")
+                continue
+            if used - sum(s.held for s in self._turn_takers(slot)) + slot.estimate > self.budget:
+                raise self._no_room(slot, waited=False)  # the `always` models leave no room, ever
+            if not slot.waiters:  # each request waiting for it has had its WARMPOOL_LOAD_WAIT
+                raise self._no_room(slot, waited=True)
+            slot.awaits_room = True
+            await asyncio.sleep(POLL_S)
+
+    def _unloadable(self, slot: Slot) -> list[Slot]:
+        """The `auto` models that may be unloaded to make room for `slot` now: past their residence."""
+        now = time.monotonic()
+        return [s for s in self._turn_takers(slot) if s.state == "resident" and now >= s.stays_until]
+
+    def _turn_takers(self, slot: Slot) -> list[Slot]:
+        """The other `auto` models holding part of the budget (loaded, loading or unloading)."""
+        return [s for s in self.slots.values() if s.auto and s is not slot and s.held]
+
+    def _no_room(self, slot: Slot, waited: bool) -> APIError:
+        assert self.budget is not None
+        used = sum(s.held for s in self.slots.values() if s is not slot) / 1e6
+        need = f"model '{slot.name}' needs about {slot.estimate / 1e6:.0f} MB and the models loaded hold {used:.0f} MB"
+        budget = f"of WARMPOOL_MEMORY_BUDGET ({self.budget / 1e6:.0f} MB)"
+        if waited:
+            names = ", ".join(f"'{s.name}'" for s in self._turn_takers(slot))
+            why = (
+                f"{names} could not be unloaded within WARMPOOL_LOAD_WAIT ({self.svc.settings.load_wait:g} s): "
+                "loading, or within their residence (a model loaded on demand stays "
+                f"{self.min_residence_s:g} s at least)"
+            )
+        else:
+            why = "none of which can be unloaded (resident=always)"
+        return APIError(503, f"{need} {budget}, {why}: retry later", code="no_room", headers={"Retry-After": "1"})
 
     async def _unload(self, slot: Slot, reason: str) -> None:
         """Stop taking requests for it, let those in flight finish (up to the drain timeout), then

@@ -3,12 +3,16 @@ before the forkserver and the engine read them: the environment's native librari
 the forkserver's import; see orchestrator.envfiles), then the model's files.
 
 As vLLM's prefetch does: daemon threads, ~16 MiB sequential reads, skipped when the files would
-not fit in the memory really available; every error is logged and swallowed.
+not fit in the memory really available; every error is logged and swallowed. Each reader reads into
+one buffer of its own, mapped for it and unmapped when it ends: a bytes object per read would be
+malloc'd, and glibc, its mmap threshold raised by the first freed block, keeps such blocks in each
+thread's arena (~170 MB more in the HTTP process after 50 on-demand loads, 8 readers).
 """
 
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import queue
 import threading
@@ -194,6 +198,15 @@ def _plan_and_read(
     remaining = [min(threads, blocks.qsize())]
 
     def reader() -> None:
+        with mmap.mmap(-1, BLOCK) as mapped, memoryview(mapped) as buffer:
+            read_blocks(buffer)
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            on_done(progress.as_detail())
+
+    def read_blocks(buffer: memoryview) -> None:
         while True:
             try:
                 group, path, offset, length = blocks.get_nowait()
@@ -204,7 +217,7 @@ def _plan_and_read(
                 if group.stopped:
                     continue
             cached = _cached(path, offset, length)
-            read = length if cached else _read_block(path, offset, length)
+            read = length if cached else _read_block(path, offset, length, buffer)
             with lock:
                 group.bytes_done += max(read, 0)
                 group.bytes_cached += length if cached else 0
@@ -212,11 +225,6 @@ def _plan_and_read(
                 if group is progress.model and group.stopped is None:
                     group.stopped = _fast_volume(group)
                 on_progress(progress.as_detail())
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            on_done(progress.as_detail())
 
     for i in range(1, remaining[0]):
         threading.Thread(target=reader, name=f"prefetch-{i}", daemon=True).start()
@@ -306,8 +314,8 @@ def _cached(path: Path, offset: int, length: int) -> bool:
         os.close(fd)
 
 
-def _read_block(path: Path, offset: int, length: int) -> int:
-    """Read one block into the page cache; -1 on error (logged, never raised)."""
+def _read_block(path: Path, offset: int, length: int, buffer: memoryview) -> int:
+    """Read one block into the page cache (through `buffer`, overwritten); -1 on error (logged, never raised)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
@@ -316,10 +324,11 @@ def _read_block(path: Path, offset: int, length: int) -> int:
     try:
         done = 0
         while done < length:
-            chunk = os.pread(fd, min(length - done, BLOCK), offset + done)
-            if not chunk:
+            with buffer[: min(length - done, len(buffer))] as window:
+                got = os.preadv(fd, [window], offset + done)
+            if not got:
                 break
-            done += len(chunk)
+            done += got
         return done
     except OSError as exc:
         log.warning("prefetch_read_failed", path=str(path), error=str(exc))

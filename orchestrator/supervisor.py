@@ -8,6 +8,7 @@ engine from `engine_lost` (the engine client sees the pipe close first).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.process
 import queue
 import threading
@@ -228,6 +229,21 @@ class EngineSupervisor:
             if ref is not None and not ref.exited(max(deadline - time.monotonic(), 0.0)):
                 ref.kill()
                 ref.exited(STOP_GRACE_S)
+        for slot in range(self.count):
+            self._release(slot)
+
+    def _release(self, slot: int) -> None:
+        """Close what watched engine `slot` once it has exited (its pidfd, its Process object's pipe
+        from the forkserver): a supervisor lives as long as its model's load, and an unloaded
+        model's descriptors would otherwise stay open until a garbage collection, the pidfd for good."""
+        ref, process = self.refs[slot], self.processes[slot]
+        if ref is None or not ref.exited():
+            return  # it outlived SIGKILL and the grace (uninterruptible sleep): still watched
+        ref.close()
+        if process is not None:
+            process.join(STOP_GRACE_S)  # its exit code, once the forkserver has reaped it
+            with contextlib.suppress(ValueError):  # not reaped within the grace: the collector closes it
+                process.close()
 
     def _start_others(self) -> None:
         for slot in range(1, self.count):

@@ -70,7 +70,7 @@ class RequestTracking:
                 tracing.end_request(span, scope["method"], path, route, status, access)  # type: ignore[union-attr]
 
     def _quiet(self, path: str) -> bool:
-        return path.startswith(QUIET_PATHS) or path in self.probes
+        return (path.startswith(QUIET_PATHS) and not _dot_segments(path)) or path in self.probes
 
     def _record(
         self,
@@ -161,9 +161,17 @@ class ApiKeyGuard:
 
 
 def _is_open(path: str, method: str, probes: tuple[str, ...] = ()) -> bool:
+    if _dot_segments(path):  # /health/../admin/... is no probe: the key decides, the router 404s
+        return False
     if method in ("GET", "HEAD") and (path in OPEN_PAGES or path in probes):
         return True
     return any(path == p or path.startswith(p + "/") for p in OPEN_PATHS)
+
+
+def _dot_segments(path: str) -> bool:
+    """A `.` or `..` segment: uvicorn hands the path percent-decoded (%2e%2e is `..` here) but never
+    normalised, and a proxy in front may resolve it to another route than the prefix says."""
+    return any(segment in (".", "..") for segment in path.split("/"))
 
 
 def _trace_headers(scope: Scope) -> dict[str, str]:

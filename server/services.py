@@ -23,6 +23,7 @@ from server.tracing import Tracing
 
 P = ParamSpec("P")
 R = TypeVar("R")
+SWITCH_POLL_S = 0.02  # how often a request waiting for a switch between models on demand looks again
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class ModelLoader(Protocol):
 
     def describe(self, name: str) -> dict[str, Any]:
         """state (ready, starting, loading, unloading, unloaded, failed), resident, memory_bytes, last_used."""
+        ...
+
+    def loading(self) -> bool:
+        """A model is loading on demand (while none serves: the last one was unloaded to make room for it)."""
         ...
 
 
@@ -130,13 +135,26 @@ class Services:
         (holding()), once the start is over: at most as many held at once as the admission permits,
         the rest refused as without holding."""
         serving = self.startup.accepting and self.models
-        if not serving and self.holding() and self.held < self.settings.admission_permits:
+        if not serving and (self.holding() or self.switching()) and self.held < self.settings.admission_permits:
             self.held += 1
             try:
-                await self.until_booted()
+                await (self.until_booted() if self.holding() else self.until_switched())
             finally:
                 self.held -= 1
         return self.default_model()
+
+    def switching(self) -> bool:
+        """No model serves because the last one loaded was unloaded for the one loading now (models
+        on demand whose budget holds one of them): requests wait for it rather than a 503."""
+        startup = self.startup
+        return self.loader is not None and self.loader.loading() and not startup.failed and not startup.draining
+
+    async def until_switched(self) -> None:
+        """Wait while switching() and no model serves, at most WARMPOOL_LOAD_WAIT (then default_model's 503)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.load_wait
+        while self.switching() and not (self.startup.accepting and self.models) and loop.time() < deadline:
+            await asyncio.sleep(SWITCH_POLL_S)
 
     def default_model(self) -> ServedModel:
         """The first configured model that serves (the first ready one while it starts), or 503

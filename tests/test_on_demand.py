@@ -4,6 +4,7 @@ admin API. The tests of the zoo run in order, each starting from where the last 
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,7 @@ from orchestrator.ondemand import estimate
 from tests.conftest import API_KEY
 from tests.server_process import ServerProcess, wait_for
 from tests.test_overload import metrics
+from tests.tiny_models import TinyFolders
 
 DOCS = ["The Eiffel Tower is in Paris.", "Bananas are yellow."]
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -190,5 +192,26 @@ def test_a_model_with_no_room_beside_always_resident_ones_gets_503_no_room(
         assert "WARMPOOL_MEMORY_BUDGET" in refused.json()["error"]["message"]
         assert states(server)["rerank"] == "unloaded"
         assert server.post("/v1/embeddings", json={"input": "still here"}).status_code == 200
+    finally:
+        assert server.stop() == 0
+
+
+def test_load_and_unload_cycles_leave_no_descriptors_open(tiny: TinyFolders, tmp_path: Path) -> None:
+    """100 admin load/unload cycles of an on-demand model (a tiny one: a load takes less): the HTTP
+    process holds as many descriptors after them as after the first few (each stopped engine's pidfd
+    and forkserver pipe are closed)."""
+    folder = tiny["gte"]
+    server = ServerProcess(folder, tmp_path / "log", models=f"a={folder},b={folder};resident=auto", engines=1)
+
+    def cycles(count: int) -> int:
+        for _ in range(count):
+            assert server.post("/admin/models/b/load").json()["state"] == "ready"
+            assert server.post("/admin/models/b/unload").json()["state"] == "unloaded"
+        return len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+
+    try:
+        server.wait_ready()
+        warm = cycles(5)  # what a first load opens for good (the forkserver's connection, imports)
+        assert cycles(100) <= warm + 2  # a client's connection may come and go
     finally:
         assert server.stop() == 0

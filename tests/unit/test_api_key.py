@@ -52,8 +52,8 @@ def test_a_key_file_is_stripped(tmp_path: Path) -> None:
     assert Settings(api_key_file=tmp_path / "key").resolved_api_key() == "s3cret"
 
 
-def guarded_status(key: str, given: str) -> int:
-    """The status ApiKeyGuard answers a POST /v1/embeddings carrying `Authorization: Bearer given`."""
+def guarded_status(key: str, given: str | None, path: str = "/v1/embeddings", method: str = "POST") -> int:
+    """The status ApiKeyGuard answers a request carrying `Authorization: Bearer given` (None: no header)."""
     sent: list[dict[str, Any]] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -68,9 +68,9 @@ def guarded_status(key: str, given: str) -> int:
 
     scope = {
         "type": "http",
-        "method": "POST",
-        "path": "/v1/embeddings",
-        "headers": [(b"authorization", f"Bearer {given}".encode())],
+        "method": method,
+        "path": path,
+        "headers": [] if given is None else [(b"authorization", f"Bearer {given}".encode())],
     }
     asyncio.run(ApiKeyGuard(app, key)(scope, receive, send))
     return int(sent[0]["status"])
@@ -94,3 +94,18 @@ def test_an_empty_key_file_variable_refuses_to_start(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("WARMPOOL_API_KEY_FILE", "")
     with pytest.raises(ApiKeyError, match="WARMPOOL_API_KEY_FILE is set but empty"):
         Settings().resolved_api_key()
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/health/../admin/models/a/unload", "/health/./../admin/models/a/unload", "/metrics/..", "/status/x/../.."],
+)
+def test_an_open_prefix_with_dot_segments_needs_the_key(path: str) -> None:
+    """A path under an open prefix that climbs out of it (as uvicorn passes it: %2e%2e decoded to ..,
+    nothing resolved) is not open: 401 without the key."""
+    assert guarded_status("s3cret", None, path) == 401
+
+
+def test_the_open_paths_stay_open() -> None:
+    assert guarded_status("s3cret", None, "/health/ready", "GET") == 200
+    assert guarded_status("s3cret", None, "/", "GET") == 200
