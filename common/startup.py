@@ -89,9 +89,12 @@ class StartupState:
 
     @property
     def engine_up(self) -> bool:
-        """Every model that has not failed has an engine that can serve."""
+        """Every model that has not failed has an engine that can serve; a model on demand counts
+        while it serves alone (while it loads or restarts its requests wait for it: the pod is no
+        less ready for them, and its peers serve on)."""
         with self._lock:
-            return bool(self._up) and all(self._up.values())
+            counted = [up for model, up in self._up.items() if up or model not in self.on_demand]
+            return bool(counted) and all(counted)
 
     @engine_up.setter
     def engine_up(self, up: bool) -> None:

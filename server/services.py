@@ -143,6 +143,13 @@ class Services:
                 self.held -= 1
         return self.default_model()
 
+    def ready(self) -> bool:
+        """What /health/ready answers: an engine can serve and we are neither draining nor failed;
+        or no model serves only because one on demand loads in place of the one unloaded for it
+        (switching()), its requests held meanwhile."""
+        startup = self.startup
+        return startup.serving or (startup.started and self.switching())
+
     def switching(self) -> bool:
         """No model serves because the last one loaded was unloaded for the one loading now (models
         on demand whose budget holds one of them): requests wait for it rather than a 503."""

@@ -32,7 +32,7 @@ async def ready(request: Request) -> JSONResponse:
     startup = svc.startup
     name = request.query_params.get("model")
     if name is None:
-        ok = startup.serving
+        ok = svc.ready()
     elif name in svc.configured or (not svc.configured and name in svc.models):
         phases = startup.for_model(name)
         ok = name in svc.models and phases.engine_up and not startup.draining and not startup.failed

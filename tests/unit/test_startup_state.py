@@ -340,3 +340,19 @@ def test_a_watcher_gets_every_phase_then_each_change(clock: Clock) -> None:
     state.start("prefetch")
     state.skip("compile", "off")
     assert seen == [("prefetch", "running"), ("compile", "skipped")]
+
+
+def test_a_model_on_demand_loading_leaves_the_others_serving_ready() -> None:
+    """A model on demand counts for readiness while it serves, not while it loads or restarts (its
+    requests wait for it); an always-resident model without an engine still makes the server unready."""
+    state = StartupState(["a", "b"])
+    state.on_demand = {"b"}
+    state.start("ready")
+    state.done("ready")
+    state.set_up("a", True)
+    state.set_up("b", False)  # loading
+    assert state.engine_up and state.serving
+    state.set_up("b", True)
+    assert state.engine_up
+    state.set_up("a", False)
+    assert not state.engine_up and not state.serving
