@@ -238,11 +238,15 @@ def test_a_load_waiting_to_make_room_holds_none(services: Services) -> None:
         pool, _ = turn_takers(services, 0.0)
         await pool.boot()
         await request(services, "b", 0.0)  # a unloaded for b
+        admission = services.models["b"].admission
+        assert admission is not None
+        held = admission.try_acquire(1)  # a request of b's in flight: b's unload waits for it to end
         for_a = asyncio.ensure_future(request(services, "a", 0.0))
-        while (unloads := pool.slots["b"].unloads) is None or unloads.done():
+        while (unloads := pool.slots["b"].unloads) is None:
             await asyncio.sleep(0.005)
         loads: list[asyncio.Task[bool]] = []
         unloads.add_done_callback(lambda _: loads.append(pool._start(pool.slots["b"])))  # b's load, at once
+        admission.release(held or 0)
         await for_a  # raises no_room past WARMPOOL_LOAD_WAIT where b's waiting load held room
         await asyncio.gather(*loads, return_exceptions=True)
 
