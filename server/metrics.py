@@ -16,15 +16,18 @@ BATCH_TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 class _PhaseCollector(Collector):
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], default_model: Callable[[], str]) -> None:
+    def __init__(
+        self, snapshot: Callable[[], dict[str, Any]], default_model: Callable[[], str], ready: Callable[[], bool] | None
+    ) -> None:
         self.snapshot = snapshot
         self.default_model = default_model  # the one model's name: its phases carry none
+        self.ready = ready  # what /health/ready answers, where it is more than the phases say
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snapshot = self.snapshot()
         # 1 exactly when /health/ready answers 200: what readiness alerts and panels follow.
         ready = GaugeMetricFamily("warmpool_ready", "1 while serving (/health/ready 200), else 0")
-        ready.add_metric([], 1.0 if snapshot["status"] == "ready" else 0.0)
+        ready.add_metric([], 1.0 if (self.ready() if self.ready else snapshot["status"] == "ready") else 0.0)
         yield ready
         phases = snapshot["phases"]
         duration = GaugeMetricFamily(
@@ -63,9 +66,14 @@ class _PhaseCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], default_model: Callable[[], str] = str) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], dict[str, Any]],
+        default_model: Callable[[], str] = str,
+        ready: Callable[[], bool] | None = None,
+    ) -> None:
         self.registry = registry = CollectorRegistry()
-        registry.register(_PhaseCollector(snapshot, default_model))
+        registry.register(_PhaseCollector(snapshot, default_model, ready))
         self.requests = Histogram(
             "warmpool_request_duration_seconds",
             "HTTP request latency",

@@ -86,7 +86,7 @@ class Services:
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.settings.admission_permits, self.settings.priority_reserve)
-        self.metrics = Metrics(self.startup.snapshot, lambda: self.configured[0] if self.configured else "")
+        self.metrics = Metrics(self.startup.snapshot, lambda: self.configured[0] if self.configured else "", self.ready)
         self.metrics.in_flight.set_function(
             lambda: self.admission.used + sum(m.admission.used for m in self.models.values() if m.admission)
         )
