@@ -255,10 +255,10 @@ def test_a_load_waiting_to_make_room_holds_none(services: Services) -> None:
 
 def test_the_server_stays_ready_while_a_model_loads_in_place_of_the_one_unloaded_for_it(services: Services) -> None:
     """a was unloaded to make room for b, which loads: no engine serves, but /health/ready (Services.ready)
-    stays 200, since requests are held for b rather than refused; a probe would otherwise take the
-    pod out of service at every turn two models take."""
+    stays 200, and warmpool_ready 1, since requests are held for b rather than refused; a probe would
+    otherwise take the pod out of service at every turn two models take."""
 
-    async def scenario() -> tuple[bool, bool]:
+    async def scenario() -> tuple[bool, bool, bool]:
         pool, _ = turn_takers(services, 0.0, b=0.1)
         await pool.boot()
         services.startup.start("ready")
@@ -266,8 +266,8 @@ def test_the_server_stays_ready_while_a_model_loads_in_place_of_the_one_unloaded
         for_b = asyncio.ensure_future(pool.until_loaded("b"))
         while pool.describe("b")["state"] != "loading" or "a" in services.models:
             await asyncio.sleep(0.005)
-        during = (services.ready(), services.startup.any_engine_up)
+        during = (services.ready(), services.startup.any_engine_up, b"warmpool_ready 1.0" in services.metrics.render())
         await for_b
         return during
 
-    assert asyncio.run(asyncio.wait_for(scenario(), 5)) == (True, False)
+    assert asyncio.run(asyncio.wait_for(scenario(), 5)) == (True, False, True)
