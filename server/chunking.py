@@ -61,7 +61,15 @@ def tokenize(
     overlap = min(OVERLAP, (info.max_model_len - ctx.tokenizers.special_tokens) // 2)  # < a window's text
     flat: list[Tokens] = []
     counts = []
+    room = info.max_model_len - ctx.tokenizers.special_tokens
+    most = room + (ctx.settings.max_windows - 1) * (room - overlap)  # the tokens max_windows windows hold
     for i, text in enumerate(texts):  # one at a time: a refused text leaves the rest untokenized
+        if ctx.tokenizers.surely_longer(prompt + text, most):
+            raise inputs.bad_request(
+                f"{field}[{i}] takes more than WARMPOOL_MAX_WINDOWS ({ctx.settings.max_windows}) windows of "
+                f"{info.max_model_len} tokens",
+                field,
+            )
         raw = ctx.tokenizers.encode_raw(prompt + text)
         count = ctx.tokenizers.window_count(raw, info.max_model_len, overlap)
         if count > ctx.settings.max_windows:

@@ -32,6 +32,12 @@ SPAN_BYTES = 80
 # stops at its run.
 RUN_CHARS = 64 * 1024
 
+# A long text's tokens are first counted piece by piece (surely_longer): pieces of this many characters,
+# each counted PIECE_SLACK tokens short, for texts longer than SURE_FROM_CHARS.
+PIECE_CHARS = 16 * 1024
+PIECE_SLACK = 32
+SURE_FROM_CHARS = 4 * PIECE_CHARS
+
 # Up to this many characters a lone text is encoded holding the GIL: well under a millisecond.
 SHORT_TEXT_CHARS = 1024
 
@@ -151,6 +157,21 @@ class TokenizerPool:
         windows() take it from here): what a long text costs before any bound is its Rust encoding."""
         return self.get().encode_batch_fast([text], add_special_tokens=False)[0]
 
+    def surely_longer(self, text: str, tokens: int) -> bool:
+        """Whether `text` has surely more than `tokens` tokens (special tokens aside), found by encoding
+        it a piece at a time and stopping once past: a text far too long costs a piece's encoding,
+        not its whole (~200 bytes a token). A text of a few pieces is left to the exact count (False).
+        Pieces end at whitespace where there is some, and each counts PIECE_SLACK tokens fewer than
+        it has: a boundary changes the tokens of the words about it only."""
+        if len(text) <= SURE_FROM_CHARS:
+            return False
+        tok, counted = self.get(), 0
+        for piece in _pieces(text):
+            counted += max(0, len(tok.encode_batch_fast([piece], add_special_tokens=False)[0]) - PIECE_SLACK)
+            if counted > tokens:
+                return True
+        return False
+
     def window_count(self, raw: Encoding, max_tokens: int, overlap: int) -> int:
         """How many windows windows() makes of `raw`, counted without making them: the tokenizer's
         overflow steps by (room - overlap) until a window reaches the end."""
@@ -236,6 +257,19 @@ def runs(texts: list[str]) -> Iterator[list[str]]:
             start, chars = i + 1, 0
     if start < len(texts):
         yield texts[start:]
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """`text` in pieces of at most PIECE_CHARS characters, each ending at whitespace where the last
+    tenth of it has some."""
+    start = 0
+    while start < len(text):
+        end = min(start + PIECE_CHARS, len(text))
+        if end < len(text):
+            space = max(text.rfind(" ", end - PIECE_CHARS // 10, end), text.rfind("\n", end - PIECE_CHARS // 10, end))
+            end = space + 1 if space > start else end
+        yield text[start:end]
+        start = end
 
 
 def _load(folder: Path) -> Tokenizer:

@@ -59,11 +59,12 @@ def peak_growth(model_dir: Path, mode: str, count: int, chars: int) -> dict[str,
 
 def test_three_texts_past_the_window_limit_are_refused_within_a_bounded_peak(model_dir: Path) -> None:
     """Three texts just under the character bound of `chunk` (64 windows x 256 tokens x 32 characters)
-    that take ~1,300 windows each: a 400 after the first text's encoding alone (~70 MB here), where
-    every window of all three was built as Python lists first (~240 MB)."""
+    that take ~1,300 windows each: a 400 once the first text's first pieces are counted past what 64
+    windows hold (under a MB here), where every window of all three was built as Python lists first
+    (~240 MB), or the first text encoded whole (~60 MB)."""
     found = peak_growth(model_dir, "chunk", 3, 524_000)
     assert found["status"] == 400 and found["admitted"] == 3, found
-    assert found["grown_mb"] < 120, found
+    assert found["grown_mb"] < 30, found
 
 
 def test_a_body_of_texts_each_too_long_is_refused_within_a_bounded_peak(model_dir: Path) -> None:
@@ -89,3 +90,23 @@ def test_windows_are_the_tokenizers_own_overflow(model_dir: Path, max_tokens: in
         raw = pool.encode_raw(text)
         assert [w.input_ids for w in pool.windows(raw, max_tokens, overlap)] == expected, text[:20]
         assert pool.window_count(raw, max_tokens, overlap) == len(expected), text[:20]
+
+
+@pytest.mark.parametrize(
+    ("text", "long"),
+    [
+        ("word " * 20_000, True),  # whitespace between every word
+        ("warm pools, engines & tokens! " * 4_000, True),  # punctuation
+        ("漢字仮名交じり文" * 12_000, True),  # no whitespace at all: pieces cut mid-run
+        ("x" * 90_000, False),  # one word of 90,000 characters: one [UNK] whole, one a piece
+    ],
+    ids=["words", "punctuation", "cjk", "one-word"],
+)
+def test_a_text_is_surely_longer_only_past_its_true_count(model_dir: Path, text: str, long: bool) -> None:
+    """surely_longer(text, n) never says so for n at or above the text's true token count (whatever
+    its pieces' boundaries do), and says so for n well below a long text's: the early refusal is never
+    wrong, and a text far too long is found."""
+    pool = TokenizerPool(model_dir)
+    true = len(pool.encode_raw(text))
+    assert not pool.surely_longer(text, true)
+    assert pool.surely_longer(text, true // 2) is long
