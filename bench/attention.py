@@ -1,6 +1,6 @@
 """Attention over a packed batch: the engine's call per input against one call for the whole batch.
 
-The packed layout (engine/packed.py) holds every input's tokens one after another. engine/layers.py
+The packed layout (engine/layers/packed.py) holds every input's tokens one after another. engine/layers/encoder.py
 runs scaled_dot_product_attention once per input on its own span; the two ways to make it one call
 are the padded grid (scatter onto [inputs, longest], a key mask, one call, gather back) and torch's
 nested jagged tensors (one call on the jagged layout itself). Each is timed on the shapes a layer of
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.layers import _attend_spans
+from engine.layers.encoder import _attend_spans
 
 HEADS, SIZE = 12, 32
 

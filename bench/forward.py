@@ -1,7 +1,7 @@
 """Where one forward of the packed engine spends its time; and what oneDNN-prepacked projections would pay.
 
 Two shapes: the one input a single client sends, and the packed group 32 clients' batch-1 requests
-form in the engine (32 sentences cut by engine.batching.split_by_tokens: the first group). For each,
+form in the engine (32 sentences cut by engine.runtime.batching.split_by_tokens: the first group). For each,
 torch.profiler's self time by kind of operator (projections, attention, norms, activations,
 embeddings, the rest) and the Python between them (the wall time no operator accounts for).
 
@@ -108,10 +108,10 @@ def main() -> None:
 
     from common.modelfolder import read_model_folder
     from common.wire import Tokens
-    from engine.batching import split_by_tokens
-    from engine.device import place
-    from engine.heap import HeapTrim
-    from engine.model import PoolingModel
+    from engine.runtime.batching import split_by_tokens
+    from engine.runtime.device import place
+    from engine.runtime.heap import HeapTrim
+    from engine.runtime.model import PoolingModel
     from server.tokenizer import TokenizerPool
 
     info = read_model_folder(args.model)

@@ -28,8 +28,8 @@ from bench.load import load
 def exactness(model: Path, texts: list[str]) -> None:
     from common.modelfiles import weight_files
     from common.modelfolder import read_model_folder
-    from engine.device import memory_detail, place
-    from engine.model import PoolingModel
+    from engine.runtime.device import memory_detail, place
+    from engine.runtime.model import PoolingModel
     from server.tokenizer import TokenizerPool
 
     info, tokenizer = read_model_folder(model), TokenizerPool(model)

@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
     from common.modelfolder import read_model_folder
-    from engine.model import PoolingModel
+    from engine.runtime.model import PoolingModel
     from server.tokenizer import TokenizerPool
 
     texts = sentences(args.batch)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from bench.common import MODEL, Connection, pct, run, sentences
-from engine.batching import URGENT_WINDOW_S
+from engine.runtime.batching import URGENT_WINDOW_S
 from tests.server_process import ServerProcess
 
 # name: (bulk priority or None for no bulk, whether the interactive client runs)

@@ -19,8 +19,8 @@ import numpy as np
 from bench.common import MODEL
 from common.folderjson import ModelError
 from common.modelfolder import read_model_folder
-from engine.device import place
-from engine.model import PoolingModel
+from engine.runtime.device import place
+from engine.runtime.model import PoolingModel
 from server.tokenizer import TokenizerPool
 
 BATCH = 32

@@ -21,11 +21,11 @@ NATIVE_FAMILIES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     )
 }
 NATIVE_FAMILIES["gemma3_text"] = (frozenset({"Gemma3TextModel"}), frozenset())  # EmbeddingGemma: embeddings only
-# NomicBERT and GTE (engine.nomic_gte): encoders only
+# NomicBERT and GTE (engine.families.nomic_gte): encoders only
 NATIVE_FAMILIES["nomic_bert"] = (frozenset({"NomicBertModel", "NomicBertForMaskedLM"}), frozenset())
 NATIVE_FAMILIES["gte"] = (frozenset({"GteModel", "GteForMaskedLM"}), frozenset())
 # The original nomic-bert config's switches (real nomic-embed folders carry them), at the values
-# engine.nomic_gte computes: absent, or these.
+# engine.families.nomic_gte computes: absent, or these.
 NOMIC_SWITCHES: dict[str, Any] = {
     "prenorm": False,
     "parallel_block": False,
@@ -43,21 +43,21 @@ NOMIC_SWITCHES: dict[str, Any] = {
 # Qwen3-Embedding (its config names Qwen3ForCausalLM, its weights are Qwen3Model's) and, as a "classifier",
 # a Qwen3ForCausalLM folder that common.causal_reranker makes a yes/no reranker
 NATIVE_FAMILIES["qwen3"] = (frozenset({"Qwen3Model", "Qwen3ForCausalLM"}), frozenset({"Qwen3ForCausalLM"}))
-# CLIP and SigLIP (engine.clip): both towers and their projections (common.vision reads the rest)
+# CLIP and SigLIP (engine.families.clip): both towers and their projections (common.vision reads the rest)
 NATIVE_FAMILIES["clip"] = (frozenset({"CLIPModel"}), frozenset())
 NATIVE_FAMILIES["siglip"] = (frozenset({"SiglipModel"}), frozenset())
-# Masked-LM architectures a native family serves with SPLADE pooling (engine.sparse): BERT's head.
+# Masked-LM architectures a native family serves with SPLADE pooling (engine.heads.sparse): BERT's head.
 SPARSE_NATIVE: dict[str, frozenset[str]] = {"bert": frozenset({"BertForMaskedLM"})}
 # What a family's config must say besides for its native module to compute what transformers does.
 NATIVE_ONLY_IF: dict[str, Callable[[dict[str, Any]], bool]] = {
     # bidirectional (EmbeddingGemma): a causal Gemma 3 is left to transformers, as is attention
-    # logit softcapping, which engine.gemma3 does not compute
+    # logit softcapping, which engine.families.gemma3 does not compute
     "gemma3_text": lambda c: c.get("use_bidirectional_attention") is True and c.get("attn_logit_softcapping") is None,
-    "qwen3": lambda c: not c.get("use_sliding_window"),  # engine.qwen3 computes full attention only
+    "qwen3": lambda c: not c.get("use_sliding_window"),  # engine.families.qwen3 computes full attention only
     "nomic_bert": lambda c: all(c.get(key, value) == value for key, value in NOMIC_SWITCHES.items()),
 }
 # config.json hidden_act (ModernBERT: hidden_activation, classifier_activation) values the native
-# families compute (engine.layers.ACTIVATIONS).
+# families compute (engine.layers.encoder.ACTIVATIONS).
 NATIVE_ACTIVATIONS = frozenset({"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish"})
 
 

@@ -21,7 +21,7 @@ _POOLING_KEYS: dict[str, PoolingMode] = {
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
 }
 
-# A Dense module's activation_function (its torch.nn class) -> the name engine.dense knows it by.
+# A Dense module's activation_function (its torch.nn class) -> the name engine.heads.dense knows it by.
 DENSE_ACTIVATIONS = {
     "torch.nn.modules.linear.Identity": "Identity",
     **{f"torch.nn.modules.activation.{name}": name for name in ("Tanh", "ReLU", "GELU", "Sigmoid", "SiLU")},

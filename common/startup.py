@@ -14,7 +14,7 @@ import structlog
 
 PHASES = ("bind", "prefetch", "forkserver", "engine", "warmup", "compile", "ready")
 SHARED_PHASES = ("bind", "forkserver")  # one for the appliance; with several models, the rest are per model
-# compile runs on past ready unless WARMPOOL_COMPILE=required (engine/compiler.py)
+# compile runs on past ready unless WARMPOOL_COMPILE=required (engine/compiling/compilation.py)
 MODEL_PHASES = ("prefetch", "engine", "warmup", "compile", "ready")
 State = Literal["pending", "running", "done", "skipped", "failed"]
 

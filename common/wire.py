@@ -8,7 +8,7 @@ Messages are `(kind, body)` tuples pickled with plain pickle:
   float32 arrays [tokens, hidden], one per key; for inputs naming `outputs`, a dict of arrays
   per key) or ERROR `([key, ...], "reason")`, and
   CANCELLED `None` once it has dropped the inputs of a CANCEL; COMPILE `{detail}` whenever its
-  compiled forward's state changes (engine/compiler.py), while starting or serving.
+  compiled forward's state changes (engine/compiling/compilation.py), while starting or serving.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Tokens(NamedTuple):
     keys: int = 0  # attend to the first `keys` tokens only (a ColBERT query's padding masks); 0: all
     outputs: tuple[str, ...] = ()  # bge-m3's outputs asked for (common.m3.OUTPUTS); (): the pooled row
     # an image for a CLIP/SigLIP model's image tower: uint8 [3, S, S], resized and cropped (server/images.py;
-    # the engine rescales and normalises it, engine/pixels.py);
+    # the engine rescales and normalises it, engine/layers/pixels.py);
     # input_ids then hold one placeholder per position the tower computes on, so that batching, load
     # and usage count an image by its work
     pixels: Any = None

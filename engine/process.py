@@ -18,14 +18,14 @@ from common.folderjson import ModelError
 from common.modelfiles import weight_files
 from common.modelfolder import read_model_folder
 from common.wire import EngineSpec, Keyed, Msg, Tokens, send
-from engine.batching import GROUP_TOKENS, Pending, split_by_length, split_by_urgency, split_packed
-from engine.checkpoint import refuse_pickles
-from engine.compiler import Compilation
-from engine.device import memory_detail, place
-from engine.heap import HeapTrim
-from engine.inbox import Inbox
-from engine.model import PoolingModel
-from engine.threads import ThreadShare
+from engine.compiling.compilation import Compilation
+from engine.layers.checkpoint import refuse_pickles
+from engine.runtime.batching import GROUP_TOKENS, Pending, split_by_length, split_by_urgency, split_packed
+from engine.runtime.device import memory_detail, place
+from engine.runtime.heap import HeapTrim
+from engine.runtime.inbox import Inbox
+from engine.runtime.model import PoolingModel
+from engine.runtime.threads import ThreadShare
 
 # The pid that imported this module: the forkserver's when preloading worked, the engine's otherwise.
 IMPORTED_BY_PID = os.getpid()
@@ -104,7 +104,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
 
 
 def _compile(conn: Connection, model: PoolingModel, spec: EngineSpec) -> tuple[Compilation | None, dict[str, Any]]:
-    """The engine's compilation, started (engine/compiler.py), and its detail for READY; where there
+    """The engine's compilation, started (engine/compiling/compilation.py), and its detail for READY; where there
     is none, None and why not. Under WARMPOOL_COMPILE=required, finished: the engine is not ready before."""
     if spec.compile == "off":
         return None, {"mode": "eager", "reason": "WARMPOOL_COMPILE=off"}

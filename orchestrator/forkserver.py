@@ -49,9 +49,9 @@ def preload_for(model_path: Path) -> list[str]:
 
 def preload_weights(models: list[Settings]) -> list[str]:
     """The forkserver also builds the native models of CPU engines before forking any, so that every
-    engine and every re-fork shares one copy of their weights (engine/preloaded.py): [WEIGHTS] to add
+    engine and every re-fork shares one copy of their weights (engine/runtime/preloaded.py): [WEIGHTS] to add
     to the preload, with the [folder, dtype] pairs in its environment; [] when no model qualifies."""
-    # the dtype by engine.device.place's rule for the CPU
+    # the dtype by engine.runtime.device.place's rule for the CPU
     entries = [[str(m.model_path), "float32" if m.dtype == "auto" else m.dtype] for m in models if _builds(m)]
     if not entries:
         return []

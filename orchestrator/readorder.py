@@ -7,7 +7,7 @@ BERT-large-shaped checkpoint behind a 200 MB/s FUSE volume: reading the whole 1.
 made ready 0.2 s later and the first embedding 0.5 s later than no prefetch at all, which reads only
 what is touched. What a native CPU engine never reads at start: the rows of a vocabulary-sized table
 (word embeddings, an LM head) beyond the few tokens warm-up uses, because such a table stays a view
-on the mapped file when the checkpoint's dtype is the compute dtype (engine/checkpoint.py). Those
+on the mapped file when the checkpoint's dtype is the compute dtype (engine/layers/checkpoint.py). Those
 tables are read last, after everything the start needs: still worth having in the page cache before
 requests bring new tokens, never ahead of a byte the start waits for.
 

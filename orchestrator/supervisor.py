@@ -83,7 +83,7 @@ class EngineSupervisor:
         self.method = method
         self.events = events
         self.count = settings.engine_count
-        # One slot per engine: BUSY while it runs a batch, else when it went idle (engine/threads.py).
+        # One slot per engine: BUSY while it runs a batch, else when it went idle (engine/runtime/threads.py).
         # Engines size their torch pools by it.
         self.busy = method.ctx.RawArray("d", self.count)  # type: ignore[attr-defined]
         self.processes: list[multiprocessing.process.BaseProcess | None] = [None] * self.count
@@ -170,7 +170,7 @@ class EngineSupervisor:
                 raise
             # It may have crashed on a cached compiled artifact it loads before READY: the next
             # engine finds the marker it left, sets that artifact aside and starts eager
-            # (engine/artifacts.py). Once: a crash of another cause fails the start as before.
+            # (engine/compiling/artifacts.py). Once: a crash of another cause fails the start as before.
             log.error("engine_died_in_warmup", slot=0, error=str(exc))
             self.startup.update("warmup", first_engine_died=str(exc))
             conn.close()

@@ -107,7 +107,7 @@ class EngineEvents(Protocol):
         """The engines now taken for stalled changed to `slots`; `every`: all attached ones are."""
 
     def engine_compile(self, slot: int, detail: dict[str, Any]) -> None:
-        """Engine `slot`'s compiled forward changed state (engine/compiler.py's detail)."""
+        """Engine `slot`'s compiled forward changed state (engine/compiling/compilation.py's detail)."""
 
 
 class EngineClient:

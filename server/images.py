@@ -161,7 +161,7 @@ def resized_size(width: int, height: int, steps: ImageSteps) -> tuple[int, int]:
 
 def preprocess(image: Image.Image, steps: ImageSteps) -> np.ndarray:
     """RGB image -> uint8 [3, H, W]: resized and centre-cropped as the PIL image processor does it;
-    the engine rescales and normalises (engine/pixels.py: a quarter of the bytes on the pipe)."""
+    the engine rescales and normalises (engine/layers/pixels.py: a quarter of the bytes on the pipe)."""
     if steps.shortest_edge is not None or steps.size is not None:
         height, width = resized_size(image.width, image.height, steps)
         image = image.resize((width, height), resample=Image.Resampling(steps.resample))

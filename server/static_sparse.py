@@ -1,7 +1,7 @@
 """Inference-free sparse queries: a SparseEncoder Router folder whose query route is a
 SparseStaticEmbedding (OpenSearch's neural sparse models) encodes a query as each of its tokens'
 static weight (an IDF), once per token, special tokens left out: a lookup here, no engine work.
-Documents take the model (engine/sparse.py) as any SPLADE input does."""
+Documents take the model (engine/heads/sparse.py) as any SPLADE input does."""
 
 from __future__ import annotations
 

@@ -25,13 +25,13 @@ import torch
 
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
-from engine.artifacts import REASON, write_manifest
-from engine.compile_worker import build
-from engine.compiled import PACKAGE, CompiledForward, build_package, cache_key
-from engine.compiler import AGREE
-from engine.device import cpu_has, cpu_has_int8, place
-from engine.model import PoolingModel
-from engine.packed import Packed
+from engine.compiling.artifacts import REASON, write_manifest
+from engine.compiling.compilation import AGREE
+from engine.compiling.package import PACKAGE, CompiledForward, build_package, cache_key
+from engine.compiling.worker import build
+from engine.layers.packed import Packed
+from engine.runtime.device import cpu_has, cpu_has_int8, place
+from engine.runtime.model import PoolingModel
 from server.outputs import normalize
 from server.tokenizer import TokenizerPool
 from tests.server_process import ServerProcess, serving, wait_for
@@ -88,7 +88,7 @@ def test_compiled_forward_gives_the_eager_engines_numbers(
 def test_a_reduced_precision_package_agrees_with_its_eager_engine(
     tiny: TinyFolders, tmp_path: Path, precision: str
 ) -> None:
-    """bfloat16 (projections on rows rounded up to a step, engine/rows.py) and int8 (int8 products)
+    """bfloat16 (projections on rows rounded up to a step, engine/precision/rows.py) and int8 (int8 products)
     compile through the same wrapper and answer within the engine's own agreement check of eager.
     Only where the CPU computes the precision in its own instructions (else the engine refuses it)."""
     if not (cpu_has(torch.bfloat16) if precision == "bfloat16" else cpu_has_int8()):
@@ -117,7 +117,7 @@ def workers(cache: Path) -> list[int]:
             line = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"engine.compile_worker" in line and any(str(cache).encode() in part for part in line):
+        if b"engine.compiling.worker" in line and any(str(cache).encode() in part for part in line):
             found.append(int(proc.name))
     return found
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.device import DTYPES, cpu_has, cpu_has_int8
+from engine.runtime.device import DTYPES, cpu_has, cpu_has_int8
 from tests.server_process import ServerProcess
 from tests.vectors import TEXTS, cosines
 

@@ -10,7 +10,7 @@ from collections import deque
 import pytest
 
 from common.wire import Keyed, Tokens
-from engine.batching import (
+from engine.runtime.batching import (
     BULK_GROUP_TOKENS,
     GROUP_TOKENS,
     Pending,

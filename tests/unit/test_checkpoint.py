@@ -19,11 +19,11 @@ from torch import nn
 from common.folderjson import ModelError
 from common.modelfolder import read_model_folder
 from common.wire import EngineSpec, Msg
-from engine import preloaded
-from engine.checkpoint import read_checkpoint, read_safetensors, release_unused_pages
-from engine.device import Placement
-from engine.model import PoolingModel
+from engine.layers.checkpoint import read_checkpoint, read_safetensors, release_unused_pages
 from engine.process import run_engine
+from engine.runtime import preloaded
+from engine.runtime.device import Placement
+from engine.runtime.model import PoolingModel
 from server.outputs import normalize
 from server.tokenizer import TokenizerPool
 from tests.checkpoints import pickle_only, resave

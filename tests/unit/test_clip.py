@@ -23,7 +23,7 @@ import torch
 
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
-from engine.model import PoolingModel
+from engine.runtime.model import PoolingModel
 from tests.tiny_vision import VISION, ClipShape, build_clip, build_siglip
 
 TOLERANCE = 1e-5  # float32, projections included

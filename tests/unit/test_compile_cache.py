@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from common.modelfolder import read_model_folder
-from engine import artifacts, compiled
-from engine.compiled import CompiledForward, CompileError, cache_key
-from engine.compiler import UNPACKED, Compilation
-from engine.model import PoolingModel
+from engine.compiling import artifacts
+from engine.compiling import package as compiled
+from engine.compiling.compilation import UNPACKED, Compilation
+from engine.compiling.package import CompiledForward, CompileError, cache_key
+from engine.runtime.model import PoolingModel
 
 
 @pytest.fixture

@@ -61,10 +61,10 @@ calls = []
 torch.cuda._lazy_init = lambda: calls.append("lazy_init")
 torch.cuda.init = lambda: calls.append("init")
 torch.cuda.is_available = lambda: (calls.append("is_available"), False)[1]
-import engine.process, engine.model, engine.device        # what the forkserver preloads
+import engine.process, engine.runtime.model, engine.runtime.device        # what the forkserver preloads
 import orchestrator.__main__, orchestrator.lifecycle       # the HTTP process
 before_fork = list(calls)
-from engine.device import place
+from engine.runtime.device import place
 place("cpu", "auto", [])
 on_cpu = list(calls)
 try:
@@ -104,8 +104,8 @@ def test_a_half_precision_engine_gives_float32_vectors_close_to_full_precision(m
     import torch
 
     from common.modelfolder import read_model_folder
-    from engine.device import DTYPES, Placement, place
-    from engine.model import PoolingModel
+    from engine.runtime.device import DTYPES, Placement, place
+    from engine.runtime.model import PoolingModel
     from server.tokenizer import TokenizerPool
 
     info, tokenizer = read_model_folder(model_dir), TokenizerPool(model_dir)

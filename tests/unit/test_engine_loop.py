@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from common.wire import Msg, Tokens, send
-from engine.batching import Pending
-from engine.inbox import Inbox
 from engine.process import _handle, _run_batch
+from engine.runtime.batching import Pending
+from engine.runtime.inbox import Inbox
 
 
 def test_a_cancel_drops_queued_inputs_and_is_acknowledged() -> None:

@@ -28,14 +28,14 @@ from common.modelfolder import read_model_folder
 from common.native import NATIVE_ACTIVATIONS, NATIVE_FAMILIES
 from common.st_modules import DENSE_ACTIVATIONS, DenseLayer
 from common.wire import Tokens
-from engine import dense, gemma3, nomic_gte
-from engine.device import Placement
-from engine.families import LOADERS
-from engine.layers import ACTIVATIONS, band_mask
-from engine.model import PoolingModel
-from engine.modernbert import layer_types, rope_theta
-from engine.mpnet import relative_position_bucket
-from engine.packed import Packed, offset_positions
+from engine.families import LOADERS, gemma3, nomic_gte
+from engine.families.modernbert import layer_types, rope_theta
+from engine.families.mpnet import relative_position_bucket
+from engine.heads import dense
+from engine.layers.encoder import ACTIVATIONS, band_mask
+from engine.layers.packed import Packed, offset_positions
+from engine.runtime.device import Placement
+from engine.runtime.model import PoolingModel
 from server.outputs import activate, normalize
 from server.tokenizer import TokenizerPool
 from tests import tiny_models

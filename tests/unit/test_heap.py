@@ -1,4 +1,4 @@
-"""The engine's idle heap trim (engine/heap.py), in a child process whose heap nothing else uses."""
+"""The engine's idle heap trim (engine/runtime/heap.py), in a child process whose heap nothing else uses."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ctypes
 import multiprocessing
 from multiprocessing.connection import Connection
 
-from engine.heap import HeapTrim
+from engine.runtime.heap import HeapTrim
 
 MIB = 1 << 20
 

@@ -19,7 +19,7 @@ from PIL import Image
 
 from common.modelfolder import read_model_folder
 from common.settings import Settings
-from engine.pixels import normalised
+from engine.layers.pixels import normalised
 from server import image_fetch, images
 from server.errors import APIError, bad_request
 from tests.tiny_vision import build_clip, build_siglip, image_bytes

@@ -1,4 +1,4 @@
-"""int8 inference (engine/int8.py) and the CPU's choice of compute dtype (engine/device.py)."""
+"""int8 inference (engine/precision/int8.py) and the CPU's choice of compute dtype (engine/runtime/device.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from torch import nn
 from common.folderjson import ModelError
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
-from engine import device
-from engine.device import Placement, place
-from engine.int8 import Int8Linear, quantize
-from engine.model import PoolingModel
+from engine.precision.int8 import Int8Linear, quantize
+from engine.runtime import device
+from engine.runtime.device import Placement, place
+from engine.runtime.model import PoolingModel
 from tests.tiny_models import TINY, TinyFolders
 from tests.vectors import TEXTS, cosines
 

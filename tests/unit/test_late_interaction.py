@@ -17,7 +17,7 @@ import pytest
 
 from common.modelfolder import read_model_folder
 from common.settings import Settings
-from engine.model import PoolingModel
+from engine.runtime.model import PoolingModel
 from server import late_interaction
 from server.errors import APIError
 from server.inputs import RequestContext

@@ -20,7 +20,7 @@ from tests.server_process import ROOT
 from tests.tiny_models import TINY, TinyFolders
 
 HTTP_SIDE = ("fastapi", "starlette", "uvicorn", "tokenizers", "prometheus_client", "orchestrator", "server")
-ENGINE_MODULES = sorted(f"engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__))
+ENGINE_MODULES = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine.") if not m.ispkg)
 # transformers imports tokenizers itself; the fallback's preload is the one engine module allowed it.
 ALLOWED = {"engine.transformers_preload": {"tokenizers"}}
 
@@ -59,7 +59,7 @@ def test_native_families_load_and_run_without_transformers(tiny: TinyFolders) ->
         "from pathlib import Path\n"
         "from common.modelfolder import read_model_folder\n"
         "from common.wire import Tokens\n"
-        "from engine.model import PoolingModel\n"
+        "from engine.runtime.model import PoolingModel\n"
         f"for folder in {folders!r}:\n"
         "    info = read_model_folder(Path(folder))\n"
         "    assert info.native, folder\n"

@@ -17,7 +17,7 @@ import pytest
 
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
-from engine.model import PoolingModel
+from engine.runtime.model import PoolingModel
 from server import hybrid, outputs
 from server.protocol import SparseOptions
 from server.tokenizer import TokenizerPool

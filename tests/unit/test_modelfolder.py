@@ -95,7 +95,7 @@ def test_minilm_max_model_len_comes_from_its_sentence_bert_config(model_dir: Pat
 
 
 def test_minilm_is_served_natively(model_dir: Path) -> None:
-    """A plain BertModel with model.safetensors runs on engine.bert, without transformers."""
+    """A plain BertModel with model.safetensors runs on engine.families.bert, without transformers."""
     assert read_model_folder(model_dir).native is True
 
 
@@ -196,7 +196,7 @@ def test_num_labels_one_without_id2label_is_a_cross_encoder_scoring_as_score(tmp
     assert (info.kind, info.id2label) == ("cross-encoder", {0: "score"})
 
 
-# Native (engine.bert) or transformers
+# Native (engine.families.bert) or transformers
 
 
 def test_a_plain_bert_with_safetensors_weights_is_native(tmp_path: Path) -> None:

@@ -22,9 +22,9 @@ from tokenizers import Tokenizer
 from common.modelfolder import read_model_folder
 from common.st_modules import PoolingMode
 from common.wire import Tokens
-from engine.model import PoolingModel
-from engine.packed import Packed
-from engine.pooling import pool, pool_packed
+from engine.heads.pooling import pool, pool_packed
+from engine.layers.packed import Packed
+from engine.runtime.model import PoolingModel
 from server.outputs import normalize
 
 MODES: tuple[PoolingMode, ...] = ("mean", "cls", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens")

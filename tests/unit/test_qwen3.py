@@ -1,5 +1,5 @@
 """Qwen3 folders: which are yes/no rerankers (common.causal_reranker), the reranker's prompt and scores
-against its model card's computation with transformers, and the configs engine.qwen3 computes or
+against its model card's computation with transformers, and the configs engine.families.qwen3 computes or
 refuses. (tests/unit/test_families.py checks the embedding folder against sentence-transformers, with
 and without prompts, and packed batches against single forwards, with the other families.)"""
 
@@ -22,9 +22,8 @@ import pytest
 from common.causal_reranker import CAUSAL_RERANKERS, QWEN3_RERANKER
 from common.folderjson import ModelError
 from common.modelfolder import read_model_folder
-from engine import qwen3
-from engine.families import SCORERS
-from engine.model import PoolingModel
+from engine.families import SCORERS, qwen3
+from engine.runtime.model import PoolingModel
 from server.outputs import activate
 from server.tokenizer import TokenizerPool
 from tests.qwen3_reference import model_card_prompts, model_card_scores

@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from engine import rows
-from engine.device import cpu_has
-from engine.rows import ROW_STEP, RowBucketed, bucket
+from engine.precision import rows
+from engine.precision.rows import ROW_STEP, RowBucketed, bucket
+from engine.runtime.device import cpu_has
 from tests.server_process import ROOT
 
 
@@ -93,9 +93,9 @@ import sys
 from pathlib import Path
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
-from engine import rows
-from engine.device import place
-from engine.model import PoolingModel
+from engine.precision import rows
+from engine.runtime.device import place
+from engine.runtime.model import PoolingModel
 if sys.argv[2] == "unbucketed":
     rows.bucket = lambda *args: 0
 engine = PoolingModel(read_model_folder(Path(sys.argv[1])), 2, place("cpu", "bfloat16", []))

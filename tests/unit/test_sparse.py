@@ -18,9 +18,9 @@ import torch
 from common.folderjson import ModelError
 from common.modelfolder import read_model_folder
 from common.splade import Splade
-from engine import sparse
-from engine.model import PoolingModel
-from engine.packed import Packed
+from engine.heads import sparse
+from engine.layers.packed import Packed
+from engine.runtime.model import PoolingModel
 from server.tokenizer import TokenizerPool
 from tests.tiny_models import MAX_TOKENS, build_splade
 from tests.vectors import same_entries

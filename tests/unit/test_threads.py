@@ -1,4 +1,4 @@
-"""ThreadShare (engine/threads.py): torch threads by who else is busy, and a later engine's warm-up
+"""ThreadShare (engine/runtime/threads.py): torch threads by who else is busy, and a later engine's warm-up
 waiting for the serving engines to be idle."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from engine.threads import BUSY, SOLO_AFTER_S, ThreadShare
+from engine.runtime.threads import BUSY, SOLO_AFTER_S, ThreadShare
 
 
 def test_working_alone_takes_the_solo_threads_and_beside_another_the_shared() -> None:

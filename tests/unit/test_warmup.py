@@ -9,8 +9,8 @@ import pytest
 
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
-from engine.model import PoolingModel
-from engine.warmup import SMALL, projections
+from engine.runtime.model import PoolingModel
+from engine.runtime.warmup import SMALL, projections
 from tests.tiny_models import TinyFolders
 
 

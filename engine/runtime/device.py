@@ -18,7 +18,7 @@ import torch
 from common.folderjson import ModelError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-INT8 = "int8"  # float32 compute with the layers' projections in int8 (engine/int8.py); CPU only
+INT8 = "int8"  # float32 compute with the layers' projections in int8 (engine/precision/int8.py); CPU only
 INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # /proc/cpuinfo's names for them
 
 

@@ -1,6 +1,6 @@
 """ColBERT after the encoder: the Dense projections applied to every token, each vector normalised.
 
-A head module like SPLADE's (engine/sparse.py), fed the encoder's packed hidden states [T, H] and
+A head module like SPLADE's (engine/heads/sparse.py), fed the encoder's packed hidden states [T, H] and
 answering [T, D]: which of them a document keeps (its skiplist) is the HTTP side's choice, which
 knows the token ids and whether the input is a query or a document.
 """
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.packed import Packed
+from engine.layers.packed import Packed
 
 
 class MultiVectorModel(nn.Module):

@@ -13,7 +13,7 @@ so no token sees them: each row of a product depends on its own input row alone.
 The two caches are also capped (CACHE_ENTRIES each), for lengths past what the steps keep few:
 a bound on memory whatever the inputs.
 float32 products (MKL) cache nothing per shape, and padding them only cost time: they are left as
-they are, and so are int8 ones (engine/int8.py).
+they are, and so are int8 ones (engine/precision/int8.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ covers (see common.native.native_model) is loaded with transformers instead.
 
 Batches run packed, without padding: every linear layer (nearly all of the work) sees only real
 tokens, and attention runs per input on that input's own tokens, as TEI does with varlen attention
-(engine/layers.py).
+(engine/layers/encoder.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.layers import encoder_loader, legacy_norm_names
-from engine.packed import Packed
+from engine.layers.encoder import encoder_loader, legacy_norm_names
+from engine.layers.packed import Packed
 
 
 class Embeddings(nn.Module):

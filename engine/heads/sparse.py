@@ -15,9 +15,9 @@ from torch import nn
 
 from common.folderjson import ModelError
 from common.splade import Splade
-from engine.checkpoint import read_checkpoint
-from engine.layers import ACTIVATIONS, legacy_norm_names, no_init
-from engine.packed import Packed
+from engine.layers.checkpoint import read_checkpoint
+from engine.layers.encoder import ACTIVATIONS, legacy_norm_names, no_init
+from engine.layers.packed import Packed
 
 
 class MLMHead(nn.Module):
@@ -76,7 +76,7 @@ def load_head(
     folder: Path, config: dict[str, Any], encoder: nn.Module, device: torch.device, dtype: torch.dtype
 ) -> MLMHead:
     """BERT's masked-LM head from the checkpoint (`cls.predictions.*`), its tensors taken as they
-    are mapped (engine.layers.load_checkpoint); ModelError if it has none."""
+    are mapped (engine.layers.encoder.load_checkpoint); ModelError if it has none."""
     weights = read_checkpoint(folder)
     prefix = "cls.predictions."
     state = {

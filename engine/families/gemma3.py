@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from common.folderjson import ModelError
-from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate
-from engine.packed import Packed
+from engine.layers.encoder import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate
+from engine.layers.packed import Packed
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 # Gemma3TextConfig's defaults, for configs that predate layer_types and rope_parameters

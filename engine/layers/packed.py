@@ -26,7 +26,7 @@ class Packed:
 
     @property
     def batch(self) -> int:
-        return self.lengths.shape[0]  # not int(): exported (engine/compiled.py), that would fix the batch size
+        return self.lengths.shape[0]  # not int(): exported (engine/compiling/package.py), that would fix the batch size
 
     @staticmethod
     def of(inputs: list[Tokens]) -> Packed:

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.layers import EncoderModel, legacy_norm_names, load_checkpoint
-from engine.packed import Packed, offset_positions
+from engine.layers.encoder import EncoderModel, legacy_norm_names, load_checkpoint
+from engine.layers.packed import Packed, offset_positions
 
 # transformers' MPNet fixes these, whatever config.json says: padding index 1 for the positions,
 # 32 buckets up to a distance of 128 for the bias.
@@ -48,7 +48,7 @@ class MPNet(EncoderModel):
         # every position, rounded up to 16 so each row of the table starts aligned, as CUDA's
         # memory-efficient attention wants of a bias (else it copies it into a padded one per call)
         self.longest = -(-c["max_position_embeddings"] // 16) * 16
-        # a buffer, not a bare attribute, so a compiled forward finds it by name (engine/compiled.py)
+        # a buffer, not a bare attribute, so a compiled forward finds it by name (engine/compiling/package.py)
         self.register_buffer("bias", None, persistent=False)
 
     def build_bias(self) -> None:
@@ -87,7 +87,7 @@ def load(
     return model
 
 
-# MPNet's attention names -> BERT's (engine/layers.py).
+# MPNet's attention names -> BERT's (engine/layers/encoder.py).
 _LAYER_NAMES = (
     (".attention.attn.q.", ".attention.self.query."),
     (".attention.attn.k.", ".attention.self.key."),

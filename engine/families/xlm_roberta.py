@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.layers import encoder_loader, legacy_norm_names
-from engine.packed import Packed, offset_positions
+from engine.layers.encoder import encoder_loader, legacy_norm_names
+from engine.layers.packed import Packed, offset_positions
 
 
 class Embeddings(nn.Module):

@@ -24,9 +24,9 @@ from torch import nn
 
 from common.vision import ImageSteps, Vision
 from common.wire import Tokens
-from engine.layers import ACTIVATIONS, attend, load_checkpoint, stacked
-from engine.packed import Packed
-from engine.pixels import normalised
+from engine.layers.encoder import ACTIVATIONS, attend, load_checkpoint, stacked
+from engine.layers.packed import Packed
+from engine.layers.pixels import normalised
 
 
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +55,7 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(hidden, hidden)
 
     def fuse(self) -> None:
-        """One GEMM for q, k and v (engine/layers.py's stacked), built once in the forkserver."""
+        """One GEMM for q, k and v (engine/layers/encoder.py's stacked), built once in the forkserver."""
         self.qkv = stacked(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.rows import layer_projections
+from engine.precision.rows import layer_projections
 
 LEVELS = 127  # symmetric: -127..127, so negating a value never overflows
 

@@ -3,7 +3,7 @@ by name (all of them); BERT's post-LayerNorm encoder layer and tanh classifier h
 XLM-RoBERTa, MPNet).
 
 Module names follow transformers' BertModel, so a BERT checkpoint loads as it is and the other
-families rename theirs onto these (engine/xlm_roberta.py, engine/mpnet.py).
+families rename theirs onto these (engine/families/xlm_roberta.py, engine/families/mpnet.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from torch import nn
 
 from common.cpus import usable_cpus
 from common.folderjson import ModelError
-from engine.checkpoint import read_checkpoint
-from engine.packed import Packed
+from engine.layers.checkpoint import read_checkpoint
+from engine.layers.packed import Packed
 
 # config.json's hidden_act -> the function, as transformers' ACT2FN computes it
 # (common.native.NATIVE_ACTIVATIONS lists the same names).
@@ -45,7 +45,7 @@ class SelfAttention(nn.Module):
 
     def fuse(self) -> None:
         """One [H, 3H] projection instead of three: one GEMM per layer instead of three. The fused
-        copy is the one weight not on the mapped file; built in the forkserver (engine/preloaded.py)
+        copy is the one weight not on the mapped file; built in the forkserver (engine/runtime/preloaded.py)
         it is one copy every engine shares."""
         self.qkv = stacked(self.query, self.key, self.value)
         del self.query, self.key, self.value  # the fused copy is the one used: keep one in memory
@@ -58,7 +58,7 @@ class SelfAttention(nn.Module):
 
 def stacked(*parts: nn.Linear) -> nn.Linear:
     """One projection computing `parts` side by side (their weights stacked): one GEMM instead of
-    several. A module, not a bare tensor, so that .to() and int8 quantization (engine/int8.py) see it."""
+    several. A module, not a bare tensor, so that .to() and int8 quantization (engine/precision/int8.py) see it."""
     fused = nn.Linear(1, 1, bias=parts[0].bias is not None)  # 1 x 1: nothing worth initialising
     fused.in_features, fused.out_features = parts[0].in_features, sum(p.out_features for p in parts)
     fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
@@ -88,7 +88,7 @@ def attend(
     before it in its input (a decoder, Qwen3). k and v may have fewer heads than q (grouped-query
     attention): each serves a run of q's heads.
 
-    While the forward is being exported (engine/compiled.py) the loop is one opaque operator over
+    While the forward is being exported (engine/compiling/package.py) the loop is one opaque operator over
     the lengths tensor, so the graph around it is free of Python ints and serves every batch shape."""
     if torch.compiler.is_compiling():
         return torch.ops.warmpool.attend(q, k, v, p.lengths, bias, scale, causal, -1 if reach is None else reach)
@@ -142,7 +142,7 @@ def band_mask(
     return band if bias is None else bias[..., :longest, :longest].masked_fill(~band, float("-inf"))
 
 
-# The loop as one operator a compiled graph calls (engine/compiled.py). Defined through the low-level
+# The loop as one operator a compiled graph calls (engine/compiling/package.py). Defined through the low-level
 # Library API: torch.library.custom_op's kernels import torch._dynamo (~3 s) on their first call.
 ATTEND_SCHEMA = (
     "attend(Tensor q, Tensor k, Tensor v, Tensor lengths, Tensor? bias, float? scale, bool causal, int reach) -> Tensor"
@@ -327,7 +327,7 @@ def load_checkpoint(
     """The model make() builds (under no_init(): the checkpoint replaces every weight), taking the
     checkpoint's tensors (one safetensors file or its shards), renamed, as its parameters themselves:
     on the CPU in their own dtype they are views on the mapped files, nothing copied
-    (engine/checkpoint.py); on a GPU each goes from the page cache to the GPU's memory, no host copy
+    (engine/layers/checkpoint.py); on a GPU each goes from the page cache to the GPU's memory, no host copy
     kept. Then cast to `dtype` (a copy only where the checkpoint's dtype differs). Tensors the model
     has no place for (a pooler an embedding model does not use, a masked-LM head) are left out."""
     with no_init():
@@ -354,7 +354,7 @@ def converted(model: M, dtype: torch.dtype) -> M:
     Converting is a core's work per tensor plus faulting in the mapped pages it reads, and both run
     side by side: a 4 GB bfloat16 checkpoint became float32 in 2.3 s on 2 cores, 4.8-8.6 s on one.
     Each thread computes on one torch thread (the forkserver must never start OpenMP's pool:
-    engine/preloaded.py)."""
+    engine/runtime/preloaded.py)."""
     todo = {id(p): p for p in model.parameters() if p.is_floating_point() and p.dtype != dtype}
     if not todo or any(p.device.type != "cpu" for p in todo.values()):
         return model.to(dtype)

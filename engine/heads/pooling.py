@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from common.st_modules import PoolingMode
-from engine.packed import Packed
+from engine.layers.packed import Packed
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: PoolingMode) -> torch.Tensor:

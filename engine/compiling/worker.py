@@ -1,11 +1,11 @@
 """The compile worker: builds one model's compiled artifact into the cache, in a process of its own.
 
-`python -m engine.compile_worker FOLDER PRECISION ARTIFACT_DIR ENGINE_PID`. An engine starts it when the cache
+`python -m engine.compiling.worker FOLDER PRECISION ARTIFACT_DIR ENGINE_PID`. An engine starts it when the cache
 misses and keeps serving eager meanwhile; the worker runs at the lowest CPU priority, so its tens
 of seconds of tracing and C++ compiling take only the cycles serving leaves, and it dies with the
 engine that started it. Engines of one model start one each: the first takes the artifact's lock
 and builds, the others wait on the lock and find the artifact built. The artifact appears whole or
-not at all (built beside it, then renamed), with its files' checksums (engine/artifacts.py), and
+not at all (built beside it, then renamed), with its files' checksums (engine/compiling/artifacts.py), and
 only once this worker has loaded and run it.
 """
 
@@ -87,9 +87,10 @@ def build(folder: Path, precision: str, out: Path) -> None:
 
     from common.modelfolder import read_model_folder
     from common.wire import Tokens
-    from engine import compiled, preloaded
-    from engine.device import place
-    from engine.packed import Packed
+    from engine.compiling import package as compiled
+    from engine.layers.packed import Packed
+    from engine.runtime import preloaded
+    from engine.runtime.device import place
 
     info = read_model_folder(folder)
     model = preloaded.build(info, place("cpu", precision, []))

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from common.folderjson import ModelError
-from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate, stacked
-from engine.packed import Packed
+from engine.layers.encoder import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate, stacked
+from engine.layers.packed import Packed
 
 GLOBAL = "global"  # every layer's rotary kind
 # transformers' config keys -> the original nomic-bert config's names for the same values

@@ -13,8 +13,8 @@ from torch import nn
 
 from common import m3
 from common.folderjson import ModelError
-from engine.layers import no_init
-from engine.packed import Packed
+from engine.layers.encoder import no_init
+from engine.layers.packed import Packed
 
 
 class M3Heads(nn.Module):

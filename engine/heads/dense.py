@@ -12,7 +12,7 @@ from torch import nn
 
 from common.folderjson import ModelError
 from common.st_modules import DenseLayer
-from engine.layers import no_init
+from engine.layers.encoder import no_init
 
 # common.st_modules.DENSE_ACTIVATIONS names -> what the torch.nn class computes
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

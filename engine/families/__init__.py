@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from engine import bert, clip, gemma3, modernbert, mpnet, nomic_gte, qwen3, xlm_roberta
+from engine.families import bert, clip, gemma3, modernbert, mpnet, nomic_gte, qwen3, xlm_roberta
 
 
 class Loader(Protocol):

@@ -3,7 +3,7 @@
 Not BERT's layer: LayerNorm before attention and MLP (none before the first attention), no biases by
 default, a GeGLU MLP, rotary positions instead of position embeddings, and attention that
 alternates between global and a local window (|i - j| <= local_attention / 2), each kind with its
-own rotary base. Attention itself is the shared per-input call (engine.layers.attend); the local
+own rotary base. Attention itself is the shared per-input call (engine.layers.encoder.attend); the local
 window is a band mask, which depends on distance alone, so each input uses its top-left corner.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate
-from engine.packed import Packed
-from engine.pooling import pool_packed
+from engine.heads.pooling import pool_packed
+from engine.layers.encoder import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate
+from engine.layers.packed import Packed
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 # ModernBertConfig's defaults, for configs that predate layer_types and rope_parameters

@@ -8,7 +8,7 @@ after it costs the first time what it costs the second (BERT-large shape on 2 co
 ran 1 x the longest input, then 1 x 8 and 16 x 32 twice each: ~1,300 tokens, 4.7 s on that model.
 
 Two figures come out of it: the seconds one token costs (the stall watchdog's default timeout) and
-the per-call overhead in tokens (the padded fallback's split, engine.batching.split_by_length). A
+the per-call overhead in tokens (the padded fallback's split, engine.runtime.batching.split_by_length). A
 token costs the model's matrix work (2 x its projection weights, in FLOPs) at the rate one GEMM of
 its widest projection runs over PROBE_TOKENS tokens: tens of milliseconds however deep the model.
 The overhead is what the second 8-token forward took beyond its 8 tokens.
@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from common.wire import Tokens
-from engine.batching import GROUP_TOKENS
-from engine.int8 import Int8Linear
+from engine.precision.int8 import Int8Linear
+from engine.runtime.batching import GROUP_TOKENS
 
 SMALL = 8  # tokens in the warm-up forwards
 PROBE_TOKENS = GROUP_TOKENS  # rows of the GEMM that prices a token: a packed group's size

@@ -3,14 +3,14 @@ count and compiled ahead of time by AOTInductor into a package, then run from th
 
 Eager, a forward is dozens of operators dispatched from Python, each element-wise one a pass over
 memory of its own; the compiled graph fuses the element-wise work (bias + activation, residual +
-norm) and dispatches nothing from Python. Attention stays the per-input loop (engine/layers.py),
+norm) and dispatches nothing from Python. Attention stays the per-input loop (engine/layers/encoder.py),
 one opaque operator in the graph over the lengths tensor, so one artifact serves every batch.
 
 The package holds code, not weights: it runs on the model's own tensors (the forkserver's shared
 copies), given by name when it is loaded, so a compiled engine holds no second copy of the model.
 Tensors the graph needs that are not the model's parameters or buffers (rotary tables, MPNet's
-bias) are saved beside it. Building a package takes tens of seconds (engine/compile_worker.py does
-it in its own process); loading one, a fraction of a second (engine/compiler.py).
+bias) are saved beside it. Building a package takes tens of seconds (engine/compiling/worker.py does
+it in its own process); loading one, a fraction of a second (engine/compiling/compilation.py).
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.artifacts import CorruptArtifact, verify, write_manifest
-from engine.device import cpu_flags
-from engine.packed import Packed
+from engine.compiling.artifacts import CorruptArtifact, verify, write_manifest
+from engine.layers.packed import Packed
+from engine.runtime.device import cpu_flags
 
 PACKAGE = "model.pt2"
 CONSTANTS = "constants.pt"
 # The engine's own code is part of the key: the graph is traced from it (and from the model folder's reading).
 SOURCES = [
-    *sorted(Path(__file__).parent.glob("*.py")),
+    *sorted(Path(__file__).parents[1].rglob("*.py")),  # every module of the engine package
     *(
-        Path(__file__).parents[1] / "common" / name
+        Path(__file__).parents[2] / "common" / name
         for name in ("modelfolder.py", "folderjson.py", "st_modules.py", "modelfiles.py", "splade.py")
     ),
 ]
@@ -117,7 +117,7 @@ def build_package(model: nn.Module, sample: Packed, out: Path) -> None:
     named = dict(_named_tensors(model))
     extra = {name: t for name, t in program.constants.items() if name not in named}
     torch.save({name: t.detach().clone() for name, t in extra.items()}, out / CONSTANTS)
-    write_manifest(out)  # last: checked before any engine maps the package (engine/artifacts.py)
+    write_manifest(out)  # last: checked before any engine maps the package (engine/compiling/artifacts.py)
 
 
 def _named_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -2,7 +2,7 @@
 
 A decoder: RMSNorm before attention and before the MLP, rotary positions, grouped-query attention
 with an RMSNorm over each head's queries and keys (before the rotation), causal attention within
-each input (engine.layers.attend), a SwiGLU MLP and a final RMSNorm. Checkpoints of Qwen3ForCausalLM
+each input (engine.layers.encoder.attend), a SwiGLU MLP and a final RMSNorm. Checkpoints of Qwen3ForCausalLM
 name the decoder `model.*`; Qwen3Model's (Qwen3-Embedding's) have no prefix.
 
 An embedding model returns the last hidden states, pooled afterwards (last token). A folder served
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.folderjson import ModelError
-from engine.layers import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate, stacked
-from engine.packed import Packed
+from engine.layers.encoder import ACTIVATIONS, Rotary, attend, load_checkpoint, rotary_base, rotate, stacked
+from engine.layers.packed import Packed
 
 FULL = "full_attention"
 DEFAULT_THETA = 10_000.0  # Qwen3Config's, for a config that names no rotary base
@@ -141,7 +141,7 @@ class Qwen3(nn.Module):
         (the embeddings' rows where the head is tied to them), place the rotary tables."""
         if self.score_tokens is not None:
             head = self.embed_tokens if self.tied else self.lm_head
-            # [2, H]: no, yes; a buffer, so a compiled forward finds it by name (engine/compiled.py)
+            # [2, H]: no, yes; a buffer, so a compiled forward finds it by name (engine/compiling/package.py)
             self.register_buffer("score", head.weight[list(self.score_tokens)].clone(), persistent=False)
             if not self.tied:
                 del self.lm_head

@@ -11,11 +11,14 @@ import torch
 from common.folderjson import ModelError
 from common.modelfolder import ModelFolder
 from common.wire import Tokens
-from engine import clip, dense, int8, m3, multivector, preloaded, rows, sparse
-from engine.device import Placement
-from engine.packed import Packed
-from engine.pooling import pool, pool_packed
-from engine.warmup import Warmup, warm_up
+from engine.families import clip
+from engine.heads import dense, m3, multivector, sparse
+from engine.heads.pooling import pool, pool_packed
+from engine.layers.packed import Packed
+from engine.precision import int8, rows
+from engine.runtime import preloaded
+from engine.runtime.device import Placement
+from engine.runtime.warmup import Warmup, warm_up
 
 
 class PoolingModel:
@@ -32,7 +35,7 @@ class PoolingModel:
         config = info.config
         self.pad_id = int(config.get("pad_token_id") or 0)
         self.uses_types = bool(config.get("type_vocab_size"))
-        if info.native:  # built in the forkserver where it could be (engine/preloaded.py)
+        if info.native:  # built in the forkserver where it could be (engine/runtime/preloaded.py)
             self.model, self.weights = preloaded.native_model(info, self.placement)
         else:
             self.model, self.weights = _transformers_model(info, device, dtype), {"weights": "engine"}
@@ -42,10 +45,10 @@ class PoolingModel:
         self.weights.update(int8.describe(self.model))
         if isinstance(self.model, clip.DualEncoder):  # the engine phase reports both towers
             self.weights["towers"] = self.model.towers
-        # after the pooling; a ColBERT's project every token (in the native model itself, engine/multivector.py)
+        # after the pooling; a ColBERT's project every token (in the native model itself, engine/heads/multivector.py)
         projects = info.kind == "embedding" or (info.kind == "multi-vector" and not info.native)
         self.dense = dense.load(info.dense, device, dtype) if projects else None
-        self.compiled: Callable[[Packed], torch.Tensor] | None = None  # set by engine.compiler
+        self.compiled: Callable[[Packed], torch.Tensor] | None = None  # set by engine.compiling.compilation
         # bge-m3's heads: small (hidden x (1 + hidden)), loaded here rather than in the forkserver
         loadable = info.m3 is not None and (allow_pickles or not info.m3.pickled)
         self.m3 = m3.load(info.m3, info.hidden_size, device, dtype) if loadable and info.m3 else None
@@ -76,7 +79,7 @@ class PoolingModel:
 
     @torch.inference_mode()
     def forward_outputs(self, items: list[Tokens]) -> list[dict[str, np.ndarray]]:
-        """bge-m3: each input's asked outputs (engine/m3.py) from one forward of the group."""
+        """bge-m3: each input's asked outputs (engine/heads/m3.py) from one forward of the group."""
         if self.m3 is None:
             raise ModelError(f"{self.info.path} has no bge-m3 heads loaded: it answers its dense vector only")
         packed = Packed.of(items).to(self.placement.device)
@@ -137,7 +140,7 @@ class PoolingModel:
 
     def warm_up(self) -> Warmup:
         """Pay first-call costs before readiness flips, with small shapes; price a call and a token
-        (engine/warmup.py): the batcher weighs the per-call overhead against padding when it splits
+        (engine/runtime/warmup.py): the batcher weighs the per-call overhead against padding when it splits
         a padded batch, and the cost per token sizes the stall watchdog's default timeout."""
         forward = self.forward_tokens if self.info.kind == "multi-vector" else self.forward
         warmup = warm_up(forward, self.model, self.pad_id + 1, self.placement.device)

@@ -1,14 +1,14 @@
 """An engine's way to its compiled forward: from the cache at start, or from a worker while it serves.
 
 With the artifact in the cache the engine loads it before it is ready (a fraction of a second) and
-serves compiled from its first request. Without, it starts engine/compile_worker.py and serves
+serves compiled from its first request. Without, it starts engine/compiling/worker.py and serves
 eager; between batches it looks whether the worker is done and switches then, so no batch is cut
 in two. Before it switches it runs one small batch both ways and keeps the compiled forward only if
 the two agree. Compiling never fails serving: an artifact that does not load or does not agree
 leaves the engine eager, with the reason in its detail (a cached one is quarantined and built
 again), and so does a worker that fails or runs past its deadline (it is killed, with its
 compilers); a cached one that killed the engine before this one is quarantined unloaded
-(engine/artifacts.py: checksums, and a marker while an engine loads one).
+(engine/compiling/artifacts.py: checksums, and a marker while an engine loads one).
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from typing import Any
 import torch
 
 from common.wire import Tokens
-from engine.artifacts import crashed_loading, loading, quarantine
-from engine.compiled import CompiledForward, CompileError, cache_key
-from engine.model import PoolingModel
-from engine.packed import Packed
+from engine.compiling.artifacts import crashed_loading, loading, quarantine
+from engine.compiling.package import CompiledForward, CompileError, cache_key
+from engine.layers.packed import Packed
+from engine.runtime.model import PoolingModel
 
 # how far a compiled answer may lie from the eager one, by precision (the order they add in differs)
 AGREE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 1e-1, "int8": 1e-1}
 CHECK_LENGTHS = (5, 11)
-ROOT = str(Path(__file__).resolve().parent.parent)  # where `engine` is importable from
+ROOT = str(Path(__file__).resolve().parents[2])  # where `engine` is importable from
 UNPACKED = ".unpacked"  # in the cache: each engine's loaded packages, in a folder named by its pid
 
 
@@ -83,7 +83,7 @@ class Compilation:
         command = [
             sys.executable,
             "-m",
-            "engine.compile_worker",
+            "engine.compiling.worker",
             str(self.model.info.path),
             self.model.placement.precision,
             str(artifact),
@@ -172,7 +172,7 @@ class Compilation:
             raise CompileError(f"the compiled forward disagrees with the eager one (beyond {limit:g})")
 
     def _set_aside(self, reason: str) -> None:
-        """The cached artifact does not serve: quarantined (engine/artifacts.py), built again."""
+        """The cached artifact does not serve: quarantined (engine/compiling/artifacts.py), built again."""
         assert self.artifact is not None
         self.detail.update(cache="invalid", reason=reason)
         if (aside := quarantine(self.artifact, reason)) is not None:

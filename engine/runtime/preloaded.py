@@ -2,7 +2,7 @@
 
 An engine forked from the forkserver inherits its memory copy-on-write, and inference never writes
 a weight, so a model built there is one copy for every engine and every re-fork, which then reads
-and copies nothing. Weights that are views on the mapped checkpoint (engine/checkpoint.py) are
+and copies nothing. Weights that are views on the mapped checkpoint (engine/layers/checkpoint.py) are
 shared through the page cache wherever they are loaded; what building here adds is that the tensors
 *not* on the file are shared too: fused projections (BERT's QKV, Qwen3's) and weights converted to
 the compute dtype (a bfloat16/float16 checkpoint served in float32) and int8 projections. Built in each engine instead,
@@ -28,9 +28,11 @@ import torch
 from torch import nn
 
 from common.modelfolder import ModelFolder, read_model_folder
-from engine import dense, families, int8, multivector, rows, sparse
-from engine.checkpoint import release_unused_pages
-from engine.device import Placement, place
+from engine import families
+from engine.heads import dense, multivector, sparse
+from engine.layers.checkpoint import release_unused_pages
+from engine.precision import int8, rows
+from engine.runtime.device import Placement, place
 
 
 @dataclass(frozen=True)

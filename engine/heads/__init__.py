@@ -1,0 +1,1 @@
+"""What follows the encoder, one module per output: pooling, Dense, SPLADE, ColBERT, bge-m3."""
