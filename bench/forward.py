@@ -112,7 +112,7 @@ def main() -> None:
     from engine.runtime.device import place
     from engine.runtime.heap import HeapTrim
     from engine.runtime.model import PoolingModel
-    from server.tokenizer import TokenizerPool
+    from server.tokenizing.tokenizer import TokenizerPool
 
     info = read_model_folder(args.model)
     threads = torch.get_num_threads()

@@ -30,7 +30,7 @@ def exactness(model: Path, texts: list[str]) -> None:
     from common.modelfolder import read_model_folder
     from engine.runtime.device import memory_detail, place
     from engine.runtime.model import PoolingModel
-    from server.tokenizer import TokenizerPool
+    from server.tokenizing.tokenizer import TokenizerPool
 
     info, tokenizer = read_model_folder(model), TokenizerPool(model)
     tokens = [tokenizer.encode(t, truncate=info.max_model_len) for t in texts[:64]]

@@ -265,7 +265,7 @@ def report_flops(
     levels: list[Level], texts: list[str], model: Path, mflop_per_token: float, peaks: dict[str, float]
 ) -> None:
     """Each level's matrix work per second against the peak GEMM rates measured before the run."""
-    from server.tokenizer import TokenizerPool
+    from server.tokenizing.tokenizer import TokenizerPool
 
     pool = TokenizerPool(model)
     tokens = statistics.mean(len(pool.encode(text).input_ids) for text in texts)

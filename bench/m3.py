@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     from common.modelfolder import read_model_folder
     from engine.runtime.model import PoolingModel
-    from server.tokenizer import TokenizerPool
+    from server.tokenizing.tokenizer import TokenizerPool
 
     texts = sentences(args.batch)
     info = read_model_folder(args.folder)

@@ -21,7 +21,7 @@ from common.folderjson import ModelError
 from common.modelfolder import read_model_folder
 from engine.runtime.device import place
 from engine.runtime.model import PoolingModel
-from server.tokenizer import TokenizerPool
+from server.tokenizing.tokenizer import TokenizerPool
 
 BATCH = 32
 SOURCES = (

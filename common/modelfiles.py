@@ -26,7 +26,7 @@ _CONFIG_FILES = (
 
 def _tokenizer_files(path: Path) -> list[Path]:
     """tokenizer_config.json and tokenizer.json; without tokenizer.json, sentencepiece's model, which
-    a SigLIP folder's tokenizer is built from (server/siglip_tokenizer.py)."""
+    a SigLIP folder's tokenizer is built from (server/tokenizing/siglip_tokenizer.py)."""
     name = "tokenizer.json" if (path / "tokenizer.json").is_file() else "spiece.model"
     return [path / "tokenizer_config.json", path / name]
 

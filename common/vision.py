@@ -1,6 +1,6 @@
 """CLIP and SigLIP folders: a text tower and an image tower into one vector space, read from config
 files alone (no torch, no PIL): the towers' shapes, the text side's pooling, and the image
-preprocessing its preprocessor_config.json asks for (server/images.py resizes and crops, engine/layers/pixels.py
+preprocessing its preprocessor_config.json asks for (server/vision/images.py resizes and crops, engine/layers/pixels.py
 rescales and normalises).
 
 The preprocessing defaults are those of transformers' image processors (CLIPImageProcessor:

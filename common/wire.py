@@ -43,7 +43,7 @@ class Tokens(NamedTuple):
     priority: int = 0  # the request's priority: lower runs first (vLLM's `priority`)
     keys: int = 0  # attend to the first `keys` tokens only (a ColBERT query's padding masks); 0: all
     outputs: tuple[str, ...] = ()  # bge-m3's outputs asked for (common.m3.OUTPUTS); (): the pooled row
-    # an image for a CLIP/SigLIP model's image tower: uint8 [3, S, S], resized and cropped (server/images.py;
+    # an image for a CLIP/SigLIP model's image tower: uint8 [3, S, S], resized and cropped (server/vision/images.py;
     # the engine rescales and normalises it, engine/layers/pixels.py);
     # input_ids then hold one placeholder per position the tower computes on, so that batching, load
     # and usage count an image by its work

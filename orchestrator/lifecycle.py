@@ -24,13 +24,13 @@ from orchestrator.binding import EarlyResponder
 from orchestrator.forkserver import StartMethod
 from orchestrator.ondemand import ModelPool
 from orchestrator.supervisor import EngineStartError, EngineSupervisor
-from server import tracing
-from server.admission import Admission
-from server.app import create_app, with_middleware
-from server.engine_client import BatchStats, EngineClient
-from server.request_head import with_head_limits
-from server.services import ServedModel, Services
-from server.tokenizer import TokenizerPool
+from server.core.admission import Admission
+from server.core.engine_client import BatchStats, EngineClient
+from server.core.services import ServedModel, Services
+from server.http import tracing
+from server.http.app import create_app, with_middleware
+from server.http.request_head import with_head_limits
+from server.tokenizing.tokenizer import TokenizerPool
 
 log = structlog.get_logger("warmpool.lifecycle")
 

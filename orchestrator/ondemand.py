@@ -25,8 +25,8 @@ from common.settings import Settings
 from common.startup import ModelPhases
 from orchestrator import prefetch, readorder
 from orchestrator.budget import estimate, first_resident, least_recently_used
-from server.errors import APIError
-from server.services import ServedModel, Services
+from server.core.services import ServedModel, Services
+from server.http.errors import APIError
 
 if TYPE_CHECKING:
     from orchestrator.lifecycle import EngineWiring
@@ -93,7 +93,7 @@ class Slot:
 
 
 class ModelPool:
-    """The ModelLoader the server asks (server/services.py), on the event loop."""
+    """The ModelLoader the server asks (server/core/services.py), on the event loop."""
 
     def __init__(self, host: Host, models: list[Settings], budget: int | None) -> None:
         self.host = host

@@ -32,8 +32,8 @@ from engine.compiling.worker import build
 from engine.layers.packed import Packed
 from engine.runtime.device import cpu_has, cpu_has_int8, place
 from engine.runtime.model import PoolingModel
-from server.outputs import normalize
-from server.tokenizer import TokenizerPool
+from server.core.outputs import normalize
+from server.tokenizing.tokenizer import TokenizerPool
 from tests.server_process import ServerProcess, serving, wait_for
 from tests.tiny_models import TinyFolders, build_splade
 

@@ -58,7 +58,7 @@ def test_unknown_route_is_404_in_openai_shape(server: ServerProcess) -> None:
 
 
 def test_wrong_method_on_a_pooling_route_is_405_in_openai_shape(server: ServerProcess) -> None:
-    """Pooling routes skip FastAPI's router (server/direct.py) only for their own method."""
+    """Pooling routes skip FastAPI's router (server/http/direct.py) only for their own method."""
     assert_openai_error(server.get("/v1/embeddings"), 405)
     assert set(server.get("/openapi.json").json()["paths"]) >= {"/v1/embeddings", "/pooling", "/health/live"}
 

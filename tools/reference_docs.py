@@ -19,9 +19,9 @@ from common.native import NATIVE_FAMILIES, SPARSE_NATIVE
 from common.settings import Settings
 from common.startup import StartupState
 from orchestrator.cli_help import GROUPS, default_text, render
-from server.app import create_app
-from server.metrics import Metrics
-from server.services import Services
+from server.core.services import Services
+from server.http.app import create_app
+from server.http.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = Path("docs/reference")

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import inputs, outputs
-from server.engine_client import Outcome
-from server.inputs import RequestContext
-from server.pipeline import Prepared, answer, envelope
-from server.protocol import ClassifyRequest, openapi_body
+from server.core import inputs, outputs
+from server.core.engine_client import Outcome
+from server.core.inputs import RequestContext
+from server.core.pipeline import Prepared, answer, envelope
+from server.protocols.openai import ClassifyRequest, openapi_body
 
 router = APIRouter(tags=["classification"])
 CLASSIFIERS = ("classification", "cross-encoder")

@@ -17,14 +17,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import chunking, inputs, multimodal, outputs
-from server.engine_client import Outcome
-from server.inputs import RequestContext
-from server.pipeline import Prepared, answer
-from server.prompts import prompt_for_input_type
-from server.protocol import openapi_body
-from server.protocol_cohere import CohereEmbedRequest
+from server.core import inputs, outputs
+from server.core.engine_client import Outcome
+from server.core.inputs import RequestContext
+from server.core.pipeline import Prepared, answer
+from server.protocols.cohere import CohereEmbedRequest
+from server.protocols.openai import openapi_body
 from server.routes.embeddings import check_dimensions
+from server.texts import chunking
+from server.texts.prompts import prompt_for_input_type
+from server.vision import multimodal
 
 router = APIRouter(tags=["cohere"])
 

@@ -7,13 +7,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import chunking, hybrid, inputs, late_chunking, late_interaction, multimodal, outputs, static_sparse
-from server.engine_client import Outcome
-from server.inputs import RequestContext
-from server.pipeline import Prepared, answer, envelope
-from server.prompts import prompt_text
-from server.protocol import EmbeddingRequest, PoolingRequest, openapi_body
+from server.core import inputs, outputs
+from server.core.engine_client import Outcome
+from server.core.inputs import RequestContext
+from server.core.pipeline import Prepared, answer, envelope
+from server.kinds import late_interaction, m3, static_sparse
+from server.protocols.openai import EmbeddingRequest, PoolingRequest, openapi_body
 from server.routes import sparse
+from server.texts import chunking, late_chunking
+from server.texts.prompts import prompt_text
+from server.vision import multimodal
 
 router = APIRouter(tags=["embeddings"])
 
@@ -51,14 +54,14 @@ def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[Any]:
             )
         tokens, late = late_chunking.tokenize(body.input, ctx, prompt)
         return Prepared(body, tokens, late)
-    wanted = hybrid.asked(body.outputs, ctx)
+    wanted = m3.asked(body.outputs, ctx)
     if ctx.folder.m3 is not None and "sparse" not in (wanted or ()) and (body.top_k, body.threshold) != (None, None):
         raise inputs.bad_request("'top_k' and 'threshold' prune the sparse output: ask for it in 'outputs'", "top_k")
     if wanted is not None and (body.dimensions is not None or body.encoding_format != "float"):
         raise inputs.bad_request("'dimensions' and base64 apply to the dense vector alone, not to 'outputs'", "outputs")
     tokens, windows = chunking.tokenize(body.input, ctx, body.truncate_prompt_tokens, body.long_inputs, prompt=prompt)
     if wanted is not None:
-        return Prepared(body, hybrid.marked(tokens, wanted, ctx, "input"), windows)
+        return Prepared(body, m3.marked(tokens, wanted, ctx, "input"), windows)
     sparse.budget_rows(ctx, len(tokens), "input")
     return Prepared(body, tokens, windows)
 
@@ -69,8 +72,7 @@ def render_embeddings(prep: Prepared[Any], outcome: Outcome, ctx: RequestContext
     body = prep.body
     if prep.tokens and prep.tokens[0].outputs:  # bge-m3's outputs, of each input or (chunked) each window
         data = [
-            {"object": "embedding", "index": i, **item}
-            for i, item in enumerate(hybrid.items(outcome.vectors, prep, ctx))
+            {"object": "embedding", "index": i, **item} for i, item in enumerate(m3.items(outcome.vectors, prep, ctx))
         ]
         return outputs.to_json(envelope("embd", ctx, data=data, usage=prep.usage()))
     if isinstance(prep.extra, static_sparse.Static):
@@ -105,11 +107,11 @@ def prepare_pooling(raw: bytes, ctx: RequestContext) -> Prepared[PoolingRequest]
         role = late_interaction.role_of(ctx, body.prompt_name, body.input_type)
         return Prepared(body, late_interaction.tokenize(body.input, ctx, role, body.truncate_prompt_tokens), role)
     prompt = prompt_text(ctx.folder, body.prompt_name)
-    wanted = hybrid.asked(body.outputs, ctx)
+    wanted = m3.asked(body.outputs, ctx)
     if wanted is not None and body.encoding_format != "float":
         raise inputs.bad_request("base64 applies to a single vector per input, not to 'outputs'", "encoding_format")
     tokens = inputs.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens, prompt=prompt)
-    return Prepared(body, tokens if wanted is None else hybrid.marked(tokens, wanted, ctx, "input"))
+    return Prepared(body, tokens if wanted is None else m3.marked(tokens, wanted, ctx, "input"))
 
 
 def render_pooling(prep: Prepared[PoolingRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
@@ -119,7 +121,7 @@ def render_pooling(prep: Prepared[PoolingRequest], outcome: Outcome, ctx: Reques
     if prep.tokens and prep.tokens[0].outputs:
         data = [
             {"object": "pooling", "index": i, "data": item}
-            for i, item in enumerate(hybrid.items(outcome.vectors, prep, ctx))
+            for i, item in enumerate(m3.items(outcome.vectors, prep, ctx))
         ]
         return outputs.to_json(envelope("pool", ctx, data=data, usage=prep.usage()))
     if prep.extra is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from server.services import services
+from server.core.services import services
 
 router = APIRouter(tags=["health"])
 

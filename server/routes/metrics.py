@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.services import services
+from server.core.services import services
 
 router = APIRouter(tags=["metrics"])
 

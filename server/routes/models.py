@@ -9,8 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from common.modelfolder import ModelFolder
-from server.errors import APIError
-from server.services import Services, services
+from server.core.services import Services, services
+from server.http.errors import APIError
 
 router = APIRouter(tags=["models"])
 _CREATED = int(time.time())
@@ -27,7 +27,7 @@ _CAPABILITIES = {
 
 
 def input_modalities(folder: ModelFolder) -> list[str]:
-    """What a model's inputs may be: text, and images for a CLIP or SigLIP model (server/multimodal.py)."""
+    """What a model's inputs may be: text, and images for a CLIP or SigLIP model (server/vision/multimodal.py)."""
     return ["text", "image"] if folder.vision is not None else ["text"]
 
 

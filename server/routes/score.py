@@ -20,13 +20,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from common.wire import Tokens
-from server import inputs, late_interaction, multimodal, outputs, static_sparse
-from server.engine_client import Outcome
-from server.inputs import RequestContext
-from server.pipeline import Prepared, answer, envelope
-from server.protocol import DocumentImage, DocumentText, RerankRequest, ScoreContent, ScoreRequest, openapi_body
+from server.core import inputs, outputs
+from server.core.engine_client import Outcome
+from server.core.inputs import RequestContext
+from server.core.pipeline import Prepared, answer, envelope
+from server.kinds import late_interaction, static_sparse
+from server.protocols.openai import DocumentImage, DocumentText, RerankRequest, ScoreContent, ScoreRequest, openapi_body
 from server.routes import sparse
-from server.tokenizer import Direction
+from server.tokenizing.tokenizer import Direction
+from server.vision import multimodal
 
 router = APIRouter(tags=["scoring"])
 SCORERS = ("cross-encoder", "embedding", "sparse", "multi-vector")

@@ -11,13 +11,15 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import chunking, hybrid, inputs, outputs, static_sparse
-from server.engine_client import Outcome
-from server.inputs import RequestContext
-from server.pipeline import Prepared, answer
-from server.prompts import prompt_text
-from server.protocol import SparseOptions, openapi_body
-from server.protocol_tei import TEIEmbedSparseRequest, truncation
+from server.core import inputs, outputs
+from server.core.engine_client import Outcome
+from server.core.inputs import RequestContext
+from server.core.pipeline import Prepared, answer
+from server.kinds import m3, static_sparse
+from server.protocols.openai import SparseOptions, openapi_body
+from server.protocols.tei import TEIEmbedSparseRequest, truncation
+from server.texts import chunking
+from server.texts.prompts import prompt_text
 
 router = APIRouter(tags=["tei"])
 
@@ -48,9 +50,9 @@ def prepare_embed_sparse(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedSp
         direction=body.truncation_direction,
     )
     if ctx.folder.m3 is not None:  # bge-m3: its lexical weights
-        wanted = hybrid.asked(["sparse"], ctx, "inputs")
+        wanted = m3.asked(["sparse"], ctx, "inputs")
         assert wanted is not None
-        return Prepared(body, hybrid.marked(tokens, wanted, ctx, "inputs"), windows)
+        return Prepared(body, m3.marked(tokens, wanted, ctx, "inputs"), windows)
     budget_rows(ctx, len(tokens), "inputs")
     return Prepared(body, tokens, windows)
 
@@ -84,7 +86,7 @@ def check_sparse_options(options: SparseOptions, ctx: RequestContext) -> None:
 def render_embed_sparse(prep: Prepared[TEIEmbedSparseRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
     """TEI's shape."""
     if prep.tokens and prep.tokens[0].outputs:
-        found = [item["sparse"] for item in hybrid.items(outcome.vectors, prep, ctx)]
+        found = [item["sparse"] for item in m3.items(outcome.vectors, prep, ctx)]
         rows = [(f["indices"], f["values"]) for f in found]
     else:
         found_rows = prep.extra.rows if isinstance(prep.extra, static_sparse.Static) else outcome.vectors

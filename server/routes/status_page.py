@@ -5,7 +5,7 @@ start-up phases as a timeline and the live figures, refreshing itself from `GET 
 second. `/status` holds cumulative counters only (requests, latency histogram, restarts) plus the
 gauges of this instant; the page turns counter deltas between two polls into rates, so any number
 of viewers share one stateless endpoint. It exposes nothing /health/startup and /metrics do not, so
-it is open without the API key like them (server/middleware.py).
+it is open without the API key like them (server/http/middleware.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client.metrics import MetricWrapperBase
 
-from server.services import Services, services
+from server.core.services import Services, services
 
 router = APIRouter(tags=["status"])
 

@@ -15,13 +15,14 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server import chunking, inputs, late_interaction, outputs
-from server.engine_client import Outcome
-from server.inputs import RequestContext
-from server.pipeline import Prepared, answer, in_shape
-from server.prompts import prompt_text
-from server.protocol import openapi_body
-from server.protocol_tei import (
+from server.core import inputs, outputs
+from server.core.engine_client import Outcome
+from server.core.inputs import RequestContext
+from server.core.pipeline import Prepared, answer, in_shape
+from server.core.services import services
+from server.kinds import late_interaction
+from server.protocols.openai import openapi_body
+from server.protocols.tei import (
     SimilarityRequest,
     TEIEmbedAllRequest,
     TEIEmbedRequest,
@@ -33,8 +34,9 @@ from server.routes import score, sparse
 from server.routes.classify import CLASSIFIERS, label
 from server.routes.embeddings import check_dimensions
 from server.routes.models import input_modalities
-from server.services import services
-from server.tokenizer import TextOrPair
+from server.texts import chunking
+from server.texts.prompts import prompt_text
+from server.tokenizing.tokenizer import TextOrPair
 
 router = APIRouter(tags=["tei"])
 _TEI_POOLING = {"lasttoken": "last_token"}  # TEI's names where they differ from ours
@@ -160,7 +162,7 @@ def prepare_similarity(raw: bytes, ctx: RequestContext) -> Prepared[SimilarityRe
     sentences = body.inputs.sentences
     if not sentences:
         raise inputs.bad_request("'inputs.sentences' must not be empty", "inputs.sentences")
-    # a multi-vector model's roles bring their own prompts (server/late_interaction.py)
+    # a multi-vector model's roles bring their own prompts (server/kinds/late_interaction.py)
     prompt = "" if ctx.folder.kind == "multi-vector" else prompt_text(ctx.folder, options.prompt_name)
     tokens, pairs = score.tokenize_pairs(
         [prompt + body.inputs.source_sentence] * len(sentences),

@@ -6,13 +6,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server import inputs, outputs
-from server.inputs import RequestContext
-from server.pipeline import answer_without_engine
-from server.prompts import prompt_text
-from server.protocol import DetokenizeRequest, TokenizeRequest, openapi_body
-from server.protocol_tei import DecodeRequest, TEITokenizeRequest
-from server.tokenizer import TooManyTokens
+from server.core import inputs, outputs
+from server.core.inputs import RequestContext
+from server.core.pipeline import answer_without_engine
+from server.protocols.openai import DetokenizeRequest, TokenizeRequest, openapi_body
+from server.protocols.tei import DecodeRequest, TEITokenizeRequest
+from server.texts.prompts import prompt_text
+from server.tokenizing.tokenizer import TooManyTokens
 
 router = APIRouter(tags=["tokenize"])
 

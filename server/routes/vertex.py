@@ -24,12 +24,12 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import Field
 
-from server import inputs, outputs
-from server.engine_client import Outcome
-from server.errors import APIError
-from server.inputs import RequestContext
-from server.pipeline import Prepare, Prepared, Render, answer, checked_priority
-from server.protocol import Body, openapi_body
+from server.core import inputs, outputs
+from server.core.engine_client import Outcome
+from server.core.inputs import RequestContext
+from server.core.pipeline import Prepare, Prepared, Render, answer, checked_priority
+from server.http.errors import APIError
+from server.protocols.openai import Body, openapi_body
 from server.routes import sparse, tei
 from server.routes.classify import CLASSIFIERS
 

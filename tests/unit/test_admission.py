@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.admission import Admission
+from server.core.admission import Admission
 
 
 def test_a_fresh_admission_has_no_permits_in_use() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from common.settings import ApiKeyError, Settings
-from server.middleware import ApiKeyGuard
+from server.http.middleware import ApiKeyGuard
 
 
 def test_no_key_configured_means_no_authentication(monkeypatch: pytest.MonkeyPatch) -> None:

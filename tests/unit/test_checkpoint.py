@@ -24,8 +24,8 @@ from engine.process import run_engine
 from engine.runtime import preloaded
 from engine.runtime.device import Placement
 from engine.runtime.model import PoolingModel
-from server.outputs import normalize
-from server.tokenizer import TokenizerPool
+from server.core.outputs import normalize
+from server.tokenizing.tokenizer import TokenizerPool
 from tests.checkpoints import pickle_only, resave
 from tests.tiny_models import TinyFolders
 

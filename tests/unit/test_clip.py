@@ -152,8 +152,8 @@ def test_sentence_transformers_clip_module_folder_equals_its_encode(tmp_path: Pa
     from sentence_transformers import SentenceTransformer
 
     from common.settings import Settings
-    from server import images
-    from server.tokenizer import TokenizerPool
+    from server.tokenizing.tokenizer import TokenizerPool
+    from server.vision import images
     from tests.tiny_vision import image_bytes
 
     root = tmp_path / "st-clip"

@@ -106,7 +106,7 @@ def test_a_half_precision_engine_gives_float32_vectors_close_to_full_precision(m
     from common.modelfolder import read_model_folder
     from engine.runtime.device import DTYPES, Placement, place
     from engine.runtime.model import PoolingModel
-    from server.tokenizer import TokenizerPool
+    from server.tokenizing.tokenizer import TokenizerPool
 
     info, tokenizer = read_model_folder(model_dir), TokenizerPool(model_dir)
     tokens = [tokenizer.encode(t) for t in ["hello world", "warm pools start fast " * 20, "ünïcödé 🚀", ""]]

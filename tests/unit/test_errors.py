@@ -13,9 +13,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from structlog.testing import capture_logs
 
-from server.errors import APIError, ClientDisconnected, from_validation, response_for
-from server.protocol import DetokenizeRequest, EmbeddingRequest, ScoreRequest
-from server.protocol_tei import TEIPredictRequest
+from server.http.errors import APIError, ClientDisconnected, from_validation, response_for
+from server.protocols.openai import DetokenizeRequest, EmbeddingRequest, ScoreRequest
+from server.protocols.tei import TEIPredictRequest
 
 
 def validation_error(model: type[BaseModel], body: str) -> ValidationError:

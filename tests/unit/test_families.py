@@ -36,8 +36,8 @@ from engine.layers.encoder import ACTIVATIONS, band_mask
 from engine.layers.packed import Packed, offset_positions
 from engine.runtime.device import Placement
 from engine.runtime.model import PoolingModel
-from server.outputs import activate, normalize
-from server.tokenizer import TokenizerPool
+from server.core.outputs import activate, normalize
+from server.tokenizing.tokenizer import TokenizerPool
 from tests import tiny_models
 from tests.tiny_models import MAX_TOKENS, SMALL, TINY, TinyFolders
 

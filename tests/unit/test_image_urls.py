@@ -1,4 +1,4 @@
-"""Image URLs on the request path (server/url_images.py, server/image_fetch.py): fetched on the event
+"""Image URLs on the request path (server/vision/url_images.py, server/vision/image_fetch.py): fetched on the event
 loop, never by the executor threads that tokenize every request, each fetch bounded by its request's
 deadline in every phase, whatever its host's byte rate."""
 
@@ -21,12 +21,12 @@ import pytest
 from common.modelfolder import read_model_folder
 from common.settings import Settings
 from common.startup import StartupState
-from server import image_fetch, multimodal
-from server.errors import APIError
-from server.inputs import RequestContext
-from server.pipeline import Prepared, prepare_in_time
-from server.services import ServedModel, Services
-from server.tokenizer import TokenizerPool
+from server.core.inputs import RequestContext
+from server.core.pipeline import Prepared, prepare_in_time
+from server.core.services import ServedModel, Services
+from server.http.errors import APIError
+from server.tokenizing.tokenizer import TokenizerPool
+from server.vision import image_fetch, multimodal
 from tests.tiny_vision import build_clip, image_bytes
 
 

@@ -1,5 +1,5 @@
 """Image inputs: decoded within limits and preprocessed exactly as transformers' PIL image processors
-do it (server/images.py), and image URLs fetched only where allowed (server/image_fetch.py)."""
+do it (server/vision/images.py), and image URLs fetched only where allowed (server/vision/image_fetch.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from PIL import Image
 from common.modelfolder import read_model_folder
 from common.settings import Settings
 from engine.layers.pixels import normalised
-from server import image_fetch, images
-from server.errors import APIError, bad_request
+from server.http.errors import APIError, bad_request
+from server.vision import image_fetch, images
 from tests.tiny_vision import build_clip, build_siglip, image_bytes
 
 SETTINGS = Settings(max_image_bytes=200_000, max_image_pixels=1_000_000)

@@ -10,12 +10,12 @@ import pytest
 
 from common.modelfolder import ModelFolder, read_model_folder
 from common.settings import Settings
-from server.admission import Admission
-from server.errors import APIError
-from server.inputs import RequestContext, max_chars, tokenize_inputs
+from server.core.admission import Admission
+from server.core.inputs import RequestContext, max_chars, tokenize_inputs
+from server.core.services import ServedModel
+from server.http.errors import APIError
 from server.routes.score import tokenize_pairs
-from server.services import ServedModel
-from server.tokenizer import TokenizerPool
+from server.tokenizing.tokenizer import TokenizerPool
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,7 @@ def test_every_family_runs_in_int8(tiny: TinyFolders, name: str) -> None:
 def test_int8_vectors_of_the_default_model_are_close_to_float32(model_dir) -> None:  # type: ignore[no-untyped-def]
     """On all-MiniLM-L6-v2 the int8 vectors of the test texts have cosine >= 0.98 to float32's each,
     >= 0.995 on average."""
-    from server.tokenizer import TokenizerPool
+    from server.tokenizing.tokenizer import TokenizerPool
 
     info, pool = read_model_folder(model_dir), TokenizerPool(model_dir)
     items = [pool.encode(text) for text in TEXTS]

@@ -18,11 +18,11 @@ import pytest
 from common.modelfolder import read_model_folder
 from common.settings import Settings
 from engine.runtime.model import PoolingModel
-from server import late_interaction
-from server.errors import APIError
-from server.inputs import RequestContext
-from server.services import ServedModel
-from server.tokenizer import TokenizerPool
+from server.core.inputs import RequestContext
+from server.core.services import ServedModel
+from server.http.errors import APIError
+from server.kinds import late_interaction
+from server.tokenizing.tokenizer import TokenizerPool
 from tests.tiny_models import build_colbert, build_multi_vector_encoder, build_stanford_colbert
 
 QUERIES = ["hello world", "what keeps the warm pool model loaded?", "naïve café 🙂", "the warm pool engine " * 8]
@@ -117,7 +117,7 @@ def test_a_role_outside_query_and_document_is_a_400(folder: Path) -> None:
 def test_scoring_takes_a_permit_per_list_and_no_response_budget(folder: Path) -> None:
     """/score's token lists (each distinct query and document) each hold an admission permit, and
     the per-token response budget, meant for answers of vectors, does not refuse a score."""
-    from server.admission import Admission
+    from server.core.admission import Admission
     from server.routes import score
 
     ctx = context(folder)

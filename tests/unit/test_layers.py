@@ -36,7 +36,8 @@ def loaded_packages(imports: str) -> set[str]:
 def test_the_http_process_never_imports_torch() -> None:
     """Importing the orchestrator, its lifecycle and supervisor and the app leaves torch out."""
     loaded = loaded_packages(
-        "import orchestrator.__main__, orchestrator.lifecycle, orchestrator.supervisor, server.app, server.pipeline"
+        "import orchestrator.__main__, orchestrator.lifecycle, orchestrator.supervisor, server.http.app, "
+        "server.core.pipeline"
     )
     assert {"torch", "transformers"} & loaded == set()
     assert "fastapi" in loaded  # the check sees what was imported

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from server.tokenizer import TokenizerPool
+from server.tokenizing.tokenizer import TokenizerPool
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,12 +23,12 @@ import json, random, resource, sys
 from pathlib import Path
 from common.modelfolder import read_model_folder
 from common.settings import Settings
-from server import chunking
-from server.admission import Admission
-from server.errors import APIError
-from server.inputs import RequestContext
-from server.services import ServedModel
-from server.tokenizer import TokenizerPool
+from server.texts import chunking
+from server.core.admission import Admission
+from server.http.errors import APIError
+from server.core.inputs import RequestContext
+from server.core.services import ServedModel
+from server.tokenizing.tokenizer import TokenizerPool
 
 folder, mode, count, chars = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 pool = TokenizerPool(folder)

@@ -18,9 +18,10 @@ import pytest
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
 from engine.runtime.model import PoolingModel
-from server import hybrid, outputs
-from server.protocol import SparseOptions
-from server.tokenizer import TokenizerPool
+from server.core import outputs
+from server.kinds import m3
+from server.protocols.openai import SparseOptions
+from server.tokenizing.tokenizer import TokenizerPool
 from tests.flag_reference import m3_embedder
 from tests.tiny_models import MAX_TOKENS, build_m3
 
@@ -72,7 +73,7 @@ def test_three_outputs_match_flag_embedding_from_one_forward(folder: Path, refer
     special = TokenizerPool(folder).special_ids
     assert special == {0, 1, 2, 3}  # <s>, <pad>, </s>, <unk>
     for row, item, expected in zip(rows, items, reference["lexical_weights"], strict=True):
-        got = hybrid.lexical(row["sparse"], item.input_ids, special, SparseOptions(top_k=None, threshold=None))
+        got = m3.lexical(row["sparse"], item.input_ids, special, SparseOptions(top_k=None, threshold=None))
         assert [str(i) for i in got["indices"]] == sorted(expected, key=int)
         np.testing.assert_allclose(got["values"], [expected[str(i)] for i in got["indices"]], atol=1e-5)
     for row, expected in zip(rows, reference["colbert_vecs"], strict=True):
@@ -93,5 +94,5 @@ def test_top_k_and_threshold_prune_lexical_weights() -> None:
     """threshold keeps weights above it; top_k the k largest; indices stay ascending; specials drop."""
     weights, ids = np.array([0.5, 0.9, 0.1, 0.7, 0.3]), [0, 40, 41, 42, 40]
     options = SparseOptions(top_k=2, threshold=None)
-    assert hybrid.lexical(weights, ids, frozenset({0}), options) == {"indices": [40, 42], "values": [0.9, 0.7]}
-    assert hybrid.lexical(weights, ids, frozenset(), SparseOptions(threshold=0.6))["indices"] == [40, 42]
+    assert m3.lexical(weights, ids, frozenset({0}), options) == {"indices": [40, 42], "values": [0.9, 0.7]}
+    assert m3.lexical(weights, ids, frozenset(), SparseOptions(threshold=0.6))["indices"] == [40, 42]

@@ -16,7 +16,7 @@ import yaml
 
 from common.settings import Settings
 from common.startup import PHASES, StartupState
-from server.services import Services
+from server.core.services import Services
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "warmpool-dashboard.json"

@@ -15,9 +15,9 @@ from common.settings import Settings, budget_bytes
 from common.startup import StartupState
 from orchestrator import ondemand
 from orchestrator.ondemand import ModelPool, first_resident, least_recently_used
-from server.admission import Admission
-from server.errors import APIError
-from server.services import ServedModel, Services
+from server.core.admission import Admission
+from server.core.services import ServedModel, Services
+from server.http.errors import APIError
 
 
 @pytest.mark.parametrize(

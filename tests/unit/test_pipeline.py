@@ -14,11 +14,11 @@ import pytest
 from common.settings import Settings
 from common.startup import StartupState
 from common.wire import Tokens
-from server.admission import Admission
-from server.errors import APIError, ClientDisconnected
-from server.inputs import RequestContext
-from server.pipeline import Prepared, at_priority, prepare_in_time
-from server.services import Services
+from server.core.admission import Admission
+from server.core.inputs import RequestContext
+from server.core.pipeline import Prepared, at_priority, prepare_in_time
+from server.core.services import Services
+from server.http.errors import APIError, ClientDisconnected
 
 
 @pytest.fixture

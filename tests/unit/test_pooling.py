@@ -25,7 +25,7 @@ from common.wire import Tokens
 from engine.heads.pooling import pool, pool_packed
 from engine.layers.packed import Packed
 from engine.runtime.model import PoolingModel
-from server.outputs import normalize
+from server.core.outputs import normalize
 
 MODES: tuple[PoolingMode, ...] = ("mean", "cls", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens")
 POOLING_KEYS: dict[PoolingMode, str] = {

@@ -24,8 +24,8 @@ from common.folderjson import ModelError
 from common.modelfolder import read_model_folder
 from engine.families import SCORERS, qwen3
 from engine.runtime.model import PoolingModel
-from server.outputs import activate
-from server.tokenizer import TokenizerPool
+from server.core.outputs import activate
+from server.tokenizing.tokenizer import TokenizerPool
 from tests.qwen3_reference import model_card_prompts, model_card_scores
 from tests.tiny_models import TinyFolders
 

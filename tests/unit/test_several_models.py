@@ -12,10 +12,10 @@ import pytest
 from common.modelfolder import read_model_folder
 from common.settings import Settings
 from common.startup import StartupState
-from server.admission import Admission
-from server.errors import APIError
-from server.inputs import RequestContext
-from server.services import ServedModel
+from server.core.admission import Admission
+from server.core.inputs import RequestContext
+from server.core.services import ServedModel
+from server.http.errors import APIError
 
 MODEL = Path(__file__).parents[2] / "models" / "all-MiniLM-L6-v2"
 

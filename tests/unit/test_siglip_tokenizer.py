@@ -1,5 +1,5 @@
 """A SigLIP folder with sentencepiece's spiece.model and no tokenizer.json: the server's tokenizer
-(server/siglip_tokenizer.py, through TokenizerPool) gives transformers' SiglipTokenizer's ids; the
+(server/tokenizing/siglip_tokenizer.py, through TokenizerPool) gives transformers' SiglipTokenizer's ids; the
 model file is read as sentencepiece reads it; a folder with neither file is refused by name."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import pytest
 from tokenizers import Tokenizer, normalizers
 
 from common.folderjson import ModelError
-from server.siglip_tokenizer import canonicalize
-from server.spm_model import read_spm
-from server.tokenizer import TokenizerPool
+from server.tokenizing.siglip_tokenizer import canonicalize
+from server.tokenizing.spm_model import read_spm
+from server.tokenizing.tokenizer import TokenizerPool
 from tests.tiny_vision import build_siglip, siglip_spm_tokenizer
 
 TEXTS = [

@@ -17,7 +17,7 @@ from common.settings import Settings
 from common.startup import StartupState
 from orchestrator.forkserver import StartMethod
 from orchestrator.lifecycle import LifecycleServer
-from server.services import Services
+from server.core.services import Services
 
 
 def test_the_sigterm_handler_logs_nothing_and_the_drain_it_starts_logs_the_signal() -> None:

@@ -21,7 +21,7 @@ from common.splade import Splade
 from engine.heads import sparse
 from engine.layers.packed import Packed
 from engine.runtime.model import PoolingModel
-from server.tokenizer import TokenizerPool
+from server.tokenizing.tokenizer import TokenizerPool
 from tests.tiny_models import MAX_TOKENS, build_splade
 from tests.vectors import same_entries
 
@@ -97,9 +97,9 @@ def test_an_inference_free_router_folder_serves_documents_by_the_model_and_queri
     encode_document, queries (each token's weight, no forward) encode_query, within 1e-5."""
     from sentence_transformers import SparseEncoder
 
-    from server import static_sparse
-    from server.inputs import RequestContext
-    from server.services import ServedModel
+    from server.core.inputs import RequestContext
+    from server.core.services import ServedModel
+    from server.kinds import static_sparse
     from tests.tiny_models import build_inference_free
 
     folder = build_inference_free(tmp_path / "inference-free", model_dir)

@@ -11,8 +11,8 @@ from starlette.testclient import TestClient
 
 from common.settings import Settings
 from common.startup import StartupState
-from server.app import create_app, with_middleware
-from server.services import Services
+from server.core.services import Services
+from server.http.app import create_app, with_middleware
 
 HTML = {"accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}  # what Chromium sends
 

@@ -13,13 +13,13 @@ import pytest
 
 from common.folderjson import ModelError
 from common.modelfolder import read_model_folder, read_prompts
-from server.errors import APIError, error_response
-from server.outputs import quantize, to_json
-from server.prompts import prompt_for_input_type, prompt_text
-from server.protocol import RerankRequest, openapi_body
-from server.protocol_tei import SimilarityRequest
+from server.core.outputs import quantize, to_json
+from server.http.errors import APIError, error_response
+from server.protocols.openai import RerankRequest, openapi_body
+from server.protocols.tei import SimilarityRequest
 from server.routes.tei import predict_items
-from server.tokenizer import TokenizerPool
+from server.texts.prompts import prompt_for_input_type, prompt_text
+from server.tokenizing.tokenizer import TokenizerPool
 
 MODEL = Path(__file__).parents[2] / "models" / "all-MiniLM-L6-v2"
 PROMPTS = {"query": "query: ", "passage": "passage: "}
@@ -172,7 +172,7 @@ def test_request_schemas_have_no_dangling_references(model) -> None:  # type: ig
 
 def test_per_token_outcome_keeps_each_inputs_rows() -> None:
     """Per-token results of different lengths stay one array per input; pooled rows are stacked."""
-    from server.engine_client import Outcome
+    from server.core.engine_client import Outcome
 
     ragged = Outcome.of([np.zeros((3, 2)), np.ones((1, 2))], 0.0, 0.0).vectors
     assert [v.shape for v in ragged] == [(3, 2), (1, 2)]

@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from common.modelfolder import read_model_folder
 from common.settings import Settings
 from common.startup import PHASES, StartupState
-from server.app import create_app, with_middleware
-from server.services import ServedModel, Services
-from server.tokenizer import TokenizerPool
+from server.core.services import ServedModel, Services
+from server.http.app import create_app, with_middleware
+from server.tokenizing.tokenizer import TokenizerPool
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from server.tokenizer import SHORT_TEXT_CHARS, TokenizerPool
+from server.tokenizing.tokenizer import SHORT_TEXT_CHARS, TokenizerPool
 
 QUERY = "where is the eiffel tower " * 30
 DOCS = ["it is in paris", "bananas " * 300, "", "unicode ünïcödé 🚀"]

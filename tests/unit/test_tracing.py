@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from common.settings import Settings
-from server import tracing
-from server.pipeline import Timings
+from server.core.pipeline import Timings
+from server.http import tracing
 from tests.otlp_receiver import GrpcReceiver
 from tests.server_process import ROOT
 
@@ -19,7 +19,7 @@ HEAVY = ("opentelemetry.sdk", "opentelemetry.exporter", "google.protobuf", "grpc
 def loaded_after(code: str) -> list[str]:
     """The heavy modules present after `code` in a fresh interpreter that imported the HTTP process's modules."""
     program = (
-        "import sys, json\nimport orchestrator.lifecycle, server.app\nfrom server import tracing\n"
+        "import sys, json\nimport orchestrator.lifecycle, server.http.app\nfrom server.http import tracing\n"
         f"from common.settings import Settings\n{code}\n"
         f"print(json.dumps(sorted({{m for m in sys.modules if m.startswith({HEAVY!r})}})))"
     )

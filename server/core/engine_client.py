@@ -1,0 +1,400 @@
+"""The HTTP process's side of the engines: dispatch, results, requeue, cancel, and a stall watchdog.
+
+Pickling and pipe writes happen on each engine's sender thread and result bookkeeping on its
+reader thread (server.core.engine_pipe), so the event loop only registers futures and receives
+finished requests. Each input goes to the engine with the fewest tokens outstanding; a dead
+engine's inputs move to the others, once per request. An engine with work outstanding that
+answers nothing for a quarter of the stall timeout is taken for stalled: it gets no new work while
+another engine answers, and what it holds moves to those; past the whole stall timeout it is
+reported, so the supervisor can kill and replace it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
+
+import numpy as np
+import structlog
+
+from common.wire import Keyed, Msg, Tokens
+from server.core.engine_pipe import EnginePipe
+
+
+class EngineUnavailable(Exception):
+    """No engine can run this request now (none attached, or engines died twice under it)."""
+
+
+class EngineFailed(Exception):
+    """The engine ran the batch and it raised."""
+
+
+log = structlog.get_logger("warmpool.engine_client")
+
+# Of the stall timeout, how long an engine with work may answer nothing before it is taken for
+# stalled: routed around and its inputs moved, well before it is killed. A healthy engine answers
+# each group of a batch in a fraction of a second; the stall timeout is 8 such groups or more.
+STALLED_SHARE = 0.25
+
+
+@dataclass
+class Outcome:
+    vectors: np.ndarray  # one pooled row per input; for per-token inputs, each input's token vectors
+    queue_ms: float
+    inference_ms: float
+    rendered: Any = None  # what the request's `then` made of it, on the executor
+
+    @staticmethod
+    def of(rows: list[np.ndarray], queue_ms: float, inference_ms: float) -> Outcome:
+        """Pooled rows stacked into one array; per-token results (one 2-D array per input, of
+        different lengths) and bge-m3's outputs (a dict per input) as an object array of them."""
+        if isinstance(rows[0], np.ndarray) and rows[0].ndim == 1:
+            return Outcome(np.stack(rows), queue_ms, inference_ms)
+        ragged = np.empty(len(rows), dtype=object)
+        ragged[:] = rows
+        return Outcome(ragged, queue_ms, inference_ms)
+
+
+@dataclass(eq=False)
+class _Request:
+    future: asyncio.Future[Outcome]
+    items: list[Keyed]
+    rows: list[np.ndarray | None]
+    then: Callable[[Outcome], Any] | None = None
+    submitted: float = field(default_factory=time.perf_counter)
+    inference_ms: float = 0.0
+    attempts: int = 0
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One input on its way: its request, its row there, and the engine it was sent to."""
+
+    request: _Request
+    index: int
+    slot: int | None
+
+    @property
+    def tokens(self) -> int:
+        return len(self.request.items[self.index][1].input_ids)
+
+
+@dataclass
+class BatchStats:
+    batch_size: int
+    batch_tokens: int
+    inference_ms: float
+
+
+class EngineEvents(Protocol):
+    """What the engine client reports; called on its reader and watchdog threads."""
+
+    def batch_done(self, stats: BatchStats) -> None: ...
+
+    def engine_lost(self, slot: int) -> None: ...
+
+    def engine_stalled(self, slot: int, seconds: float) -> None:
+        """Work outstanding and no answer for `seconds`: the engine should be replaced."""
+
+    def engines_stalled(self, slots: list[int], every: bool) -> None:
+        """The engines now taken for stalled changed to `slots`; `every`: all attached ones are."""
+
+    def engine_compile(self, slot: int, detail: dict[str, Any]) -> None:
+        """Engine `slot`'s compiled forward changed state (engine/compiling/compilation.py's detail)."""
+
+
+class EngineClient:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        executor: Executor,
+        events: EngineEvents,
+        stall_timeout_s: float | None = None,
+    ) -> None:
+        self._loop = loop
+        self._executor = executor
+        self._events = events
+        self._lock = threading.Lock()
+        self._keys = itertools.count()
+        self._entries: dict[int, _Entry] = {}
+        self._slots: dict[int, EnginePipe] = {}
+        self._stopped = False
+        self._reported: set[EnginePipe] = set()  # stalls already reported, once per pipe
+        self._stalled: set[int] = set()  # slots routed around: no answer for STALLED_SHARE of the timeout
+        self.stall_timeout_s = stall_timeout_s  # None until known: no watchdog before then
+        self.group_s = 0.0  # one group's forward as warm-up measured: none is taken for stalled sooner than two
+        self._watchdog = threading.Event()
+        threading.Thread(target=self._watch, name="engine-watchdog", daemon=True).start()
+
+    @property
+    def attached(self) -> int:
+        """Engines taking work now."""
+        return len(self._slots)
+
+    @property
+    def queued_inputs(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def attach(self, slot: int, conn: Connection) -> None:
+        """An engine is ready: it takes what no live engine holds, then its share of new work."""
+        with self._lock:
+            if self._stopped:  # a restart that finished while the server stopped: let it exit
+                conn.close()
+                return
+            self._slots[slot] = EnginePipe(slot, conn, self._on_message, self._on_lost)
+            self._dispatch([e for e in self._entries.values() if e.slot is None])
+
+    def submit(
+        self, tokens: list[Tokens], then: Callable[[Outcome], Any] | None = None
+    ) -> tuple[asyncio.Future[Outcome], list[int]]:
+        """Queue one request's inputs; the future resolves with one row per input, in order.
+
+        `then` (response building) runs on the executor as soon as the last row arrives, and the
+        future resolves after it with its result in `rendered`: the loop wakes once per request
+        instead of once for the rows and again to hand them to the executor.
+        """
+        future: asyncio.Future[Outcome] = self._loop.create_future()
+        keys = [next(self._keys) for _ in tokens]
+        items = list(zip(keys, tokens, strict=True))
+        request = _Request(future, items, [None] * len(items), then)
+        entries = [_Entry(request, index, None) for index in range(len(items))]
+        with self._lock:
+            if not self._slots:
+                raise EngineUnavailable("no engine is running")
+            self._entries.update(zip(keys, entries, strict=True))
+            self._dispatch(entries)
+        return future, keys
+
+    def cancel(self, keys: list[int]) -> None:
+        """Forget a request (its client left); engines drop those inputs if still queued."""
+        with self._lock:
+            self._drop(keys)
+
+    def stop(self, reason: str = "the server is shutting down") -> None:
+        """Tell every engine to stop and answer what is still pending with EngineUnavailable."""
+        with self._lock:
+            self._stopped = True
+            pipes, self._slots = self._slots, {}
+        self._watchdog.set()
+        for pipe in pipes.values():
+            pipe.send((Msg.STOP, None))
+            pipe.close_sender()
+        self.fail_all(reason)
+
+    def fail_all(self, reason: str) -> None:
+        with self._lock:
+            requests = self._requests_of(self._entries.values())
+            self._entries.clear()
+        for req in requests:
+            self._settle(req, EngineUnavailable(reason))
+
+    def _dispatch(self, entries: list[_Entry]) -> None:
+        """Each input to the engine with the fewest tokens outstanding, among those not stalled
+        while there are any (caller holds the lock)."""
+        if not self._slots or not entries:
+            return
+        slots = [s for s in self._slots if s not in self._stalled] or list(self._slots)
+        batches: dict[int, list[Keyed]] = {}
+        for entry in entries:
+            slot = min(slots, key=lambda s: self._slots[s].load)
+            entry.slot = slot
+            self._slots[slot].add(entry.tokens)
+            batches.setdefault(slot, []).append(entry.request.items[entry.index])
+        for slot, items in batches.items():
+            self._slots[slot].send((Msg.SUBMIT, items))
+
+    @staticmethod
+    def _requests_of(entries: Iterable[_Entry]) -> list[_Request]:
+        return list({id(e.request): e.request for e in entries}.values())
+
+    def _on_message(self, pipe: EnginePipe, kind: str, body: Any) -> None:
+        """On the pipe's reader thread."""
+        with self._lock:
+            pipe.progressed()
+        try:
+            if kind == Msg.RESULT:
+                keys, vectors, stats = body
+                self._on_result(keys, vectors, stats, pipe.slot)
+            elif kind == Msg.ERROR:
+                keys, message = body
+                self._on_error(keys, message, pipe.slot)
+            elif kind == Msg.COMPILE:
+                self._events.engine_compile(pipe.slot, body)
+        except Exception:  # a bug here must not silently stop this engine's results
+            log.exception("engine_message_failed", slot=pipe.slot, kind=kind)
+
+    def _watch(self) -> None:
+        """Route around each engine with work outstanding and no answer for STALLED_SHARE of the
+        stall timeout, and report each one past the whole of it."""
+        while not self._watchdog.wait(0.1):
+            timeout = self.stall_timeout_s
+            if timeout is None:
+                continue
+            now = time.monotonic()
+            with self._lock:
+                waited = {p: p.stalled_for(now) for p in self._slots.values()}
+                was = self._stalled
+                after = min(max(STALLED_SHARE * timeout, 2 * self.group_s), timeout)
+                self._stalled = {p.slot for p, s in waited.items() if s > after}
+                changed = was != self._stalled
+                self._move_off()
+                stalled = [(p, s) for p, s in waited.items() if s > timeout and p not in self._reported]
+                self._reported.update(p for p, _ in stalled)
+                every = bool(self._stalled) and self._stalled == set(self._slots)
+            if changed:
+                log.warning("engines_stalled", slots=sorted(self._stalled), every=every)
+                self._events.engines_stalled(sorted(self._stalled), every)
+            for pipe, seconds in stalled:
+                log.error("engine_stalled", slot=pipe.slot, seconds=round(seconds, 1), load=pipe.load)
+                self._events.engine_stalled(pipe.slot, seconds)
+
+    def _move_off(self) -> None:
+        """What stalled engines hold goes to the engines still answering, if there are any; the
+        stalled ones are told to drop it; what one still answers (it was running it) the engine it moved
+        to is told to drop in turn (`_answered`)."""
+        if not self._stalled or not set(self._slots) - self._stalled:
+            return
+        moved = [e for e in self._entries.values() if e.slot in self._stalled]
+        if not moved:
+            return
+        for slot in {e.slot for e in moved}:
+            held = [e for e in moved if e.slot == slot]
+            self._slots[slot].cancel(sum(e.tokens for e in held))  # type: ignore[index]
+            self._slots[slot].send((Msg.CANCEL, [e.request.items[e.index][0] for e in held]))  # type: ignore[index]
+        for entry in moved:
+            entry.slot = None
+        log.warning("inputs_moved_off_stalled", slots=sorted(self._stalled), inputs=len(moved))
+        self._dispatch(moved)
+
+    def _on_result(self, keys: list[int], vectors: np.ndarray, stats: dict[str, Any], slot: int) -> None:
+        """Engine `slot`'s rows. An input moved off it while it stalled may come back from it still
+        (it was running them): the engine it moved to is then told to drop it."""
+        done: list[_Request] = []
+        share = stats["inference_ms"] / max(len(keys), 1)
+        with self._lock:
+            self._answered(keys, slot)
+            for row, key in enumerate(keys):
+                entry = self._entries.pop(key, None)
+                if entry is None:
+                    continue
+                req = entry.request
+                req.rows[entry.index] = vectors[row]
+                req.inference_ms += share
+                if all(r is not None for r in req.rows):
+                    done.append(req)
+        self._events.batch_done(BatchStats(stats["batch_size"], stats["batch_tokens"], stats["inference_ms"]))
+        settled: list[tuple[_Request, Outcome | Exception]] = []
+        for req in done:
+            total_ms = (time.perf_counter() - req.submitted) * 1000
+            inference_ms = min(req.inference_ms, total_ms)
+            outcome = Outcome.of(req.rows, total_ms - inference_ms, inference_ms)  # type: ignore[arg-type]
+            if req.then is None:
+                settled.append((req, outcome))
+                continue
+            try:
+                self._executor.submit(self._finish, req, outcome)
+            except RuntimeError as exc:  # the executor is shut down: the server is exiting
+                settled.append((req, exc))
+        self._settle_all(settled)
+
+    def _finish(self, req: _Request, outcome: Outcome) -> None:
+        """On the executor: the request's `then`, then its future."""
+        assert req.then is not None
+        try:
+            outcome.rendered = req.then(outcome)
+        except Exception as exc:
+            self._settle(req, exc)
+            return
+        self._settle(req, outcome)
+
+    def _on_error(self, keys: list[int], message: str, slot: int) -> None:
+        with self._lock:
+            failed = self._requests_of(e for k in keys if (e := self._entries.get(k)))
+            self._answered(keys, slot)
+            for key in keys:
+                self._entries.pop(key, None)
+            self._forget(failed)
+        for req in failed:
+            self._settle(req, EngineFailed(message))
+
+    def _answered(self, keys: list[int], slot: int) -> None:
+        """Engine `slot` has run these (caller holds the lock): their tokens leave its load. An input
+        moved off it while it stalled may be among them (it was running it): the engine it moved
+        to is told to drop it, and counts it until it next answers, as for any cancel."""
+        by_slot: dict[int, list[int]] = {}
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is None or entry.slot not in self._slots:
+                continue
+            if entry.slot == slot:
+                self._slots[slot].answered(entry.tokens)
+            else:
+                self._slots[entry.slot].cancel(entry.tokens)
+                by_slot.setdefault(entry.slot, []).append(key)
+        for other, dropped in by_slot.items():
+            self._slots[other].send((Msg.CANCEL, dropped))
+
+    def _forget(self, requests: list[_Request]) -> None:
+        """Drop every input of these requests (caller holds the lock)."""
+        self._drop([key for req in requests for key, _ in req.items])
+
+    def _drop(self, keys: list[int]) -> None:
+        """Forget these inputs and tell the engines holding them to skip them (caller holds the lock):
+        an engine must not spend time on inputs nobody waits for, nor count as idle while it does."""
+        by_slot: dict[int, list[int]] = {}
+        for key in keys:
+            entry = self._entries.pop(key, None)
+            if entry is not None and entry.slot in self._slots:
+                self._slots[entry.slot].cancel(entry.tokens)
+                by_slot.setdefault(entry.slot, []).append(key)
+        for slot, dropped in by_slot.items():
+            self._slots[slot].send((Msg.CANCEL, dropped))
+
+    def _on_lost(self, pipe: EnginePipe) -> None:
+        """A dead engine's inputs move to the live ones, once per request; a second loss is a 503."""
+        slot = pipe.slot
+        with self._lock:
+            self._reported.discard(pipe)
+            if self._slots.get(slot) is not pipe:
+                return  # stopped on purpose, or already replaced
+            del self._slots[slot]
+            orphans = [e for e in self._entries.values() if e.slot == slot]
+            given_up = []
+            for req in self._requests_of(orphans):
+                req.attempts += 1
+                if req.attempts > 1:
+                    given_up.append(req)
+            self._forget(given_up)
+            orphans = [e for e in orphans if e.request.attempts <= 1]
+            for entry in orphans:
+                entry.slot = None
+            self._dispatch(orphans)
+        for req in given_up:
+            self._settle(req, EngineUnavailable("engines died twice while running this request"))
+        self._events.engine_lost(slot)
+
+    def _settle(self, req: _Request, result: Outcome | Exception) -> None:
+        self._settle_all([(req, result)])
+
+    def _settle_all(self, results: list[tuple[_Request, Outcome | Exception]]) -> None:
+        """One wake-up of the event loop for all the requests a message finished."""
+
+        def settle() -> None:
+            for req, result in results:
+                if req.future.done():
+                    continue
+                if isinstance(result, Exception):
+                    req.future.set_exception(result)
+                else:
+                    req.future.set_result(result)
+
+        if results:
+            self._loop.call_soon_threadsafe(settle)

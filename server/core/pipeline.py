@@ -1,0 +1,400 @@
+"""The request pipeline every pooling route shares: admit, prepare on the executor, run on an engine,
+render on the executor.
+
+A route supplies two synchronous functions: `prepare(raw, ctx) -> Prepared` and
+`render(prepared, outcome, ctx) -> bytes`. Both run on the executor, never on the event loop:
+prepare through Services.off_loop, render handed to the executor by the engine client the moment
+the request's last row arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+
+from common.wire import Tokens
+from server.core.engine_client import EngineFailed, EngineUnavailable, Outcome
+from server.core.inputs import ModelStarting, RequestContext, overloaded
+from server.core.services import ServedModel, Services, services
+from server.http.errors import APIError, ClientDisconnected, Shape, bad_request
+from server.protocols.openai import PRIORITY_LIMIT
+from server.vision.url_images import UrlImages
+
+B = TypeVar("B")
+
+
+@dataclass
+class Prepared(Generic[B]):
+    body: B
+    tokens: list[Tokens]
+    extra: Any = None
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(t.input_ids) for t in self.tokens)
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.n_tokens, "total_tokens": self.n_tokens}
+
+
+Prepare = Callable[[bytes, RequestContext], Prepared[Any]]
+Render = Callable[[Prepared[Any], Outcome, RequestContext], bytes]
+
+
+@dataclass
+class Timings:
+    """TEI's timing headers, in milliseconds; and when each stage ended (perf_counter), for traces."""
+
+    started: float = field(default_factory=time.perf_counter)
+    wall_ns: int = field(default_factory=time.time_ns)  # `started` on the clock spans are stamped with
+    tokenization_ms: float = 0.0
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+    arrived: float | None = None  # the body read
+    submitted: float | None = None  # prepared: sent to the engine
+    answered: float | None = None  # rendered
+
+    def stages(self) -> list[tuple[str, int, int]]:
+        """(name, start, end) in ns since the epoch, for the stages the request went through."""
+
+        def ns(at: float) -> int:
+            return self.wall_ns + int((at - self.started) * 1e9)
+
+        if self.arrived is None:
+            return []
+        stages = [("read body", ns(self.started), ns(self.arrived))]
+        if self.submitted is None:
+            return stages
+        queued = self.submitted + self.queue_ms / 1000
+        inferred = queued + self.inference_ms / 1000
+        stages.append(("tokenize", ns(self.arrived), ns(self.submitted)))
+        if self.answered is not None:
+            stages.append(("queue", ns(self.submitted), ns(queued)))
+            stages.append(("inference", ns(queued), ns(inferred)))
+            stages.append(("render", ns(inferred), ns(max(self.answered, inferred))))
+        return stages
+
+    def headers(self) -> dict[str, str]:
+        total = (time.perf_counter() - self.started) * 1000
+        return {
+            "x-total-time": f"{total:.0f}",
+            "x-tokenization-time": f"{self.tokenization_ms:.0f}",
+            "x-queue-time": f"{self.queue_ms:.0f}",
+            "x-inference-time": f"{self.inference_ms:.0f}",
+        }
+
+
+def request_context(svc: Services) -> RequestContext:
+    """A context on the default model (a request's `model` field may select another); 503 if not serving."""
+    model = svc.default_model()
+    return RequestContext(
+        model, svc.models, svc.settings, model.admission or svc.admission, configured=tuple(svc.configured)
+    )
+
+
+async def read_body(request: Request, svc: Services) -> bytes:
+    """The whole body within WARMPOOL_READ_TIMEOUT, else 408. Read before any admission permit is
+    taken, so uploads that never arrive cannot hold the permits admitted work needs. A body still
+    arriving when the drain ends (Services.end_body_reads) is answered 503, not cancelled with the
+    server's shutdown (which would answer 500)."""
+    task = asyncio.current_task()
+    if task is not None:
+        svc.body_reads.add(task)
+    try:
+        return await asyncio.wait_for(request.body(), svc.settings.read_timeout)
+    except TimeoutError:
+        svc.metrics.rejections.labels(reason="read_timeout").inc()
+        raise APIError(
+            408,
+            f"request body not received within {svc.settings.read_timeout:g} s",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
+    except asyncio.CancelledError:
+        if task is None or task not in svc.body_reads_ended:
+            raise  # not the drain's: the client left, or the server is going down
+        task.uncancel()
+        svc.metrics.rejections.labels(reason="draining").inc()
+        raise APIError(
+            503,
+            "the server is shutting down and the request body had not all arrived",
+            code="shutting_down",
+            headers={"Connection": "close"},
+        ) from None
+    finally:
+        if task is not None:
+            svc.body_reads.discard(task)
+            svc.body_reads_ended.discard(task)
+
+
+@contextlib.contextmanager
+def in_shape(shape: Shape) -> Iterator[None]:
+    """Errors raised before a request context exists leave in the route's surface's shape."""
+    try:
+        yield
+    except APIError as exc:
+        exc.shape = shape
+        raise
+
+
+PRIORITY_HEADER = "x-priority"
+
+
+def header_priority(request: Request) -> int:
+    """The `x-priority` header's priority (0 without one), for clients that cannot add a body field."""
+    text = request.headers.get(PRIORITY_HEADER)
+    if text is None:
+        return 0
+    try:
+        return checked_priority(int(text), PRIORITY_HEADER)
+    except ValueError:
+        raise bad_request(f"{PRIORITY_HEADER} must be an integer, not {text[:40]!r}", PRIORITY_HEADER) from None
+
+
+def checked_priority(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= PRIORITY_LIMIT:
+        raise bad_request(f"'{where}' must be an integer of magnitude below {PRIORITY_LIMIT}", where)
+    return value
+
+
+def at_priority(prepare: Prepare, raw: bytes, ctx: RequestContext) -> Prepared[Any]:
+    """prepare, with the request's priority known before it takes its permits: the body's
+    `priority` (parsed again only where the body names one) over the header's; its inputs carry it."""
+    if b'"priority"' in raw:
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            data = None  # prepare says what is wrong with the body
+        if isinstance(data, dict) and data.get("priority") is not None:
+            was_bulk = ctx.priority > 0
+            ctx.priority = checked_priority(data["priority"], "priority")
+            # its first permit was taken as interactive work: bulk now, it must fit the bulk share
+            if ctx.priority > 0 and not was_bulk and ctx.admission is not None and not ctx.admission.bulk_fits():
+                raise overloaded()
+    prepared = prepare(raw, ctx)
+    if ctx.priority:
+        prepared.tokens = [tokens._replace(priority=ctx.priority) for tokens in prepared.tokens]
+    return prepared
+
+
+@contextlib.contextmanager
+def admitted(svc: Services, shape: Shape = "openai", priority: int = 0) -> Iterator[RequestContext]:
+    """A request context holding the request's first admission permit (taken on the loop, so a full
+    server refuses at once with 429); prepare takes the rest. Every permit is released on exit (or,
+    for a request abandoned while prepare ran, when prepare ends). Errors leave in the shape of the
+    surface the request speaks (`shape`, or the one prepare found in the body)."""
+    ctx = request_context(svc)
+    ctx.shape = shape
+    ctx.priority = priority
+    try:
+        ctx.admit(1)
+        yield ctx
+    except APIError as exc:
+        if exc.status == 429:
+            svc.metrics.rejections.labels(reason="overloaded").inc()
+        exc.shape = ctx.shape
+        raise
+    finally:
+        if not ctx.abandoned:
+            ctx.release()
+
+
+async def answer(request: Request, prepare: Prepare, render: Render, shape: Shape = "openai") -> Response:
+    """The whole pipeline for one request; every failure leaves as an APIError. The request timeout
+    and the client's disconnect cover every step after the body has arrived, preparation included."""
+    svc = services(request)
+    timings = Timings()
+    traced: dict[str, Any] = {"timings": timings}  # a failed request's trace has its stages too
+    request.state.traced = traced
+    with in_shape(shape):
+        await svc.serving_model()  # 503 before reading the body of a request that cannot be served
+        priority = header_priority(request)
+        raw = await read_body(request, svc)
+    arrived = timings.arrived = time.perf_counter()  # tokenization time counts from here, not from the upload
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + svc.settings.request_timeout
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        with admitted(svc, shape, priority) as ctx:
+            traced["model"] = ctx.model_name
+            try:
+                prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
+            except ModelStarting as starting:
+                if not await _woken(svc, ctx, starting):  # a model on demand: its load awaited
+                    if not svc.holding():
+                        raise
+                    await svc.until_booted()  # its permit held meanwhile: held requests count as admitted
+                prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
+            timings.submitted = time.perf_counter()
+            timings.tokenization_ms = (timings.submitted - arrived) * 1000
+            if prepared.tokens:
+                outcome = await run_on_engine(
+                    svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx), deadline
+                )
+            else:  # answered without the engine (an inference-free sparse model's queries)
+                outcome = Outcome(np.empty((0, 0), dtype=np.float32), 0.0, 0.0)
+                outcome.rendered = await svc.off_loop(render, prepared, outcome, ctx)
+    finally:
+        gone.cancel()
+    timings.answered = time.perf_counter()
+    request.state.access = {
+        "inputs": len(prepared.tokens),
+        "tokens": prepared.n_tokens,
+        "timings": timings,
+        "model": ctx.model_name,
+    }
+    return json_response(outcome.rendered, timings)
+
+
+async def prepare_in_time(
+    svc: Services, prepare: Prepare, raw: bytes, ctx: RequestContext, gone: asyncio.Future[Any], deadline: float
+) -> Prepared[Any]:
+    """prepare on the executor, then the image URLs it met fetched on the loop and decoded on the
+    executor (server/vision/url_images.py: no executor thread waits on an image host); given up (503, or 499
+    for a client that left) past the deadline; the thread itself runs on, refused any further
+    permits, and gives its permits back when done."""
+    loop = asyncio.get_running_loop()
+    ctx.url_images = urls = UrlImages(loop, svc.executor, ctx.settings)
+    running = svc.executor.submit(prepare, raw, ctx)
+    work = asyncio.ensure_future(urls.after(asyncio.wrap_future(running, loop=loop)))
+    try:
+        done, _ = await asyncio.wait(
+            (work, gone), timeout=max(deadline - loop.time(), 0.0), return_when=asyncio.FIRST_COMPLETED
+        )
+    except asyncio.CancelledError:  # the server is exiting: the permits still follow the thread
+        ctx.abandon(running)
+        urls.close()
+        raise
+    if work in done:
+        return work.result()
+    ctx.abandon(running)
+    urls.close()
+    work.cancel()
+    work.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: nobody awaits it now
+    if gone in done:
+        svc.metrics.disconnects.inc()
+        raise ClientDisconnected()
+    raise svc.unavailable("timed out preparing the request")
+
+
+async def answer_without_engine(
+    request: Request, respond: Callable[[bytes, RequestContext], bytes], shape: Shape = "openai"
+) -> Response:
+    """Routes the tokenizer alone answers (/tokenize, /detokenize): admitted like any other work,
+    so they cannot queue unbounded jobs on the executor that pooling requests share."""
+    svc = services(request)
+    timings = Timings()
+    with in_shape(shape):
+        await svc.serving_model()
+        raw = await read_body(request, svc)
+    with admitted(svc, shape) as ctx:
+        try:
+            body = await svc.off_loop(respond, raw, ctx)
+        except ModelStarting as starting:
+            if not await _woken(svc, ctx, starting):
+                raise
+            body = await svc.off_loop(respond, raw, ctx)
+    return json_response(body, timings)
+
+
+async def _woken(svc: Services, ctx: RequestContext, starting: ModelStarting) -> bool:
+    """A request naming a model on demand not loaded: its load awaited (APIError if it cannot
+    serve in time); False for a model that is not loaded on demand."""
+    if svc.loader is None or not svc.loader.wakes(starting.model):
+        return False
+    # The permits are the default model's: an unload making room for this load waits for that
+    # model's requests to finish, this one among them, were they kept.
+    ctx.release()
+    await svc.loader.until_loaded(starting.model)
+    return True
+
+
+async def run_on_engine(
+    svc: Services,
+    model: ServedModel,
+    tokens: list[Tokens],
+    timings: Timings,
+    abandon: asyncio.Future[Any] | None = None,
+    then: Callable[[Outcome], Any] | None = None,
+    deadline: float | None = None,
+) -> Outcome:
+    """Send inputs to the model's engines and wait; engine loss and timeouts become 503, never a hang.
+
+    If `abandon` finishes first (the client left), the engine drops the inputs. `then` runs on
+    the executor on the engine's output (EngineClient.submit); its result comes back in
+    `Outcome.rendered`. One await on the engine's future, with a timer and a callback, instead
+    of wait_for inside asyncio.wait: two tasks and their wake-ups fewer per request.
+    """
+    engine = model.engine
+    try:
+        future, keys = engine.submit(tokens, then)
+    except EngineUnavailable:
+        raise svc.unavailable() from None
+    stopped_by: str | None = None  # why this function cancelled the future, if it did
+
+    def stop(why: str) -> None:
+        nonlocal stopped_by
+        if not future.done():
+            stopped_by = why
+            future.cancel()
+
+    loop = asyncio.get_running_loop()
+    timer = loop.call_at(
+        deadline if deadline is not None else loop.time() + svc.settings.request_timeout, stop, "timeout"
+    )
+    if abandon is not None:
+        abandon.add_done_callback(lambda _: stop("client_gone"))
+    try:
+        outcome = await future
+    except asyncio.CancelledError:
+        engine.cancel(keys)
+        if stopped_by == "timeout":
+            raise svc.unavailable("timed out waiting for the engine") from None
+        if stopped_by == "client_gone":
+            svc.metrics.disconnects.inc()
+            raise ClientDisconnected() from None
+        raise
+    except EngineUnavailable as exc:
+        raise svc.unavailable(str(exc)) from None
+    except EngineFailed as exc:
+        raise APIError(500, f"the engine failed on this batch: {exc}", code="engine_error") from None
+    finally:
+        timer.cancel()
+    svc.last_used[model.name] = time.time()  # what keep_alive and the least-recently-used choice read
+    timings.queue_ms = outcome.queue_ms
+    timings.inference_ms = outcome.inference_ms
+    svc.metrics.queue_time.labels(model=model.name).observe(outcome.queue_ms / 1000)
+    svc.metrics.inference_time.labels(model=model.name).observe(outcome.inference_ms / 1000)
+    return outcome
+
+
+async def _client_gone(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def json_response(body: bytes, timings: Timings | None = None) -> Response:
+    headers = timings.headers() if timings else None
+    return Response(content=body, media_type="application/json", headers=headers)
+
+
+def envelope(prefix: str, ctx: RequestContext, **fields: Any) -> dict[str, Any]:
+    """vLLM's common response fields."""
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": ctx.model_name,
+        **fields,
+    }

@@ -1,0 +1,1 @@
+"""HTTP plumbing: the app, the direct routes, middleware, request heads, errors, metrics, tracing."""

@@ -1,0 +1,201 @@
+"""ASGI middleware: request ids, in-flight count, metrics and access log; body limit; API key."""
+
+from __future__ import annotations
+
+import hmac
+import time
+import uuid
+from typing import Any
+
+import structlog
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.core.services import Services
+from server.http.errors import APIError, error_response
+
+OPEN_PATHS = ("/health", "/version", "/metrics", "/status")
+OPEN_PAGES = ("/",)  # open to GET only (the status page): POST / is an API route and keeps the key
+TRACESTATE_LIMIT = 8192  # 32 entries of 256 characters, what W3C trace context allows
+QUIET_PATHS = ("/health", "/metrics", "/status")  # probes, scrapes and the status page's polls log at debug level
+
+access_log = structlog.get_logger("warmpool.access")
+
+
+class RequestTracking:
+    """Echo or mint x-request-id; count requests in flight (draining waits on it); one access event each."""
+
+    def __init__(self, app: ASGIApp, svc: Services, routes: set[str], probes: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.svc = svc
+        self.routes = routes
+        self.probes = probes  # the platforms' probe paths (/ping, a Vertex health route): quiet too
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
+        state: dict[str, Any] = scope.setdefault("state", {})
+        status = 500
+        path = scope["path"]
+        ids = {"request_id": request_id}
+        tracing, span = self.svc.tracing, None
+        if tracing is not None and not self._quiet(path):  # probes and scrapes are not traced
+            span = tracing.start_request(scope["method"], _trace_headers(scope))
+            ids["trace_id"] = tracing.trace_id(span)
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                extra = [(b"x-request-id", request_id.encode("latin-1"))]
+                if span is not None:
+                    extra.append((b"x-trace-id", ids["trace_id"].encode()))
+                if self.svc.startup.draining:  # pooled clients move to another replica
+                    extra.append((b"connection", b"close"))
+                message["headers"] = [*message.get("headers", []), *extra]
+            await send(message)
+
+        self.svc.in_flight += 1
+        try:
+            with structlog.contextvars.bound_contextvars(**ids):
+                await self.app(scope, receive, send_with_id)
+        finally:
+            self.svc.in_flight -= 1
+            route = path if path in self.routes else "other"
+            self._record(scope["method"], path, route, status, state, time.perf_counter() - started, ids)
+            if span is not None:
+                access = state.get("access") or state.get("traced") or {}
+                tracing.end_request(span, scope["method"], path, route, status, access)  # type: ignore[union-attr]
+
+    def _quiet(self, path: str) -> bool:
+        return (path.startswith(QUIET_PATHS) and not _dot_segments(path)) or path in self.probes
+
+    def _record(
+        self,
+        method: str,
+        path: str,
+        route: str,
+        status: int,
+        state: dict[str, Any],
+        seconds: float,
+        ids: dict[str, str],
+    ) -> None:
+        self.svc.metrics.requests.labels(route=route, status=str(status)).observe(seconds)
+        access = state.get("access") or {}
+        timings = access.get("timings")
+        if timings is not None:
+            self.svc.metrics.tokenization_time.observe(timings.tokenization_ms / 1000)
+        log = access_log.debug if self._quiet(path) else access_log.info
+        log(
+            "request",
+            **ids,
+            method=method,
+            route=route,
+            status=status,
+            inputs=access.get("inputs"),
+            tokens=access.get("tokens"),
+            queue_ms=round(timings.queue_ms, 2) if timings else None,
+            inference_ms=round(timings.inference_ms, 2) if timings else None,
+            total_ms=round(seconds * 1000, 2),
+        )
+
+
+class BodyLimit:
+    """413 for a body over the limit: at once from Content-Length, or as soon as a streamed body passes it."""
+
+    def __init__(self, app: ASGIApp, svc: Services) -> None:
+        self.app = app
+        self.svc = svc
+        self.limit = svc.settings.max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._reject(scope, receive, send)
+            return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                self.svc.metrics.rejections.labels(reason="body_too_large").inc()
+                raise self._too_large()
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"request body is larger than the limit of {self.limit} bytes", code="body_too_large")
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.svc.metrics.rejections.labels(reason="body_too_large").inc()
+        await error_response(self._too_large())(scope, receive, send)
+
+
+class ApiKeyGuard:
+    """Bearer-token check on every route but probes, version, metrics and the status page; constant-time compare."""
+
+    def __init__(self, app: ASGIApp, key: str, probes: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+        self.probes = probes  # platforms' health checks carry no key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _is_open(scope["path"], scope["method"], self.probes):
+            await self.app(scope, receive, send)
+            return
+        given = (_header(scope, b"authorization", limit=None) or "").encode("latin-1")
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        response = error_response(APIError(401, "missing or invalid API key", code="invalid_api_key"))
+        response.headers["www-authenticate"] = "Bearer"
+        await response(scope, receive, send)
+
+
+def _is_open(path: str, method: str, probes: tuple[str, ...] = ()) -> bool:
+    if _dot_segments(path):  # /health/../admin/... is no probe: the key decides, the router 404s
+        return False
+    if method in ("GET", "HEAD") and (path in OPEN_PAGES or path in probes):
+        return True
+    return any(path == p or path.startswith(p + "/") for p in OPEN_PATHS)
+
+
+def _dot_segments(path: str) -> bool:
+    """A `.` or `..` segment: uvicorn hands the path percent-decoded (%2e%2e is `..` here) but never
+    normalised, and a proxy in front may resolve it to another route than the prefix says."""
+    return any(segment in (".", "..") for segment in path.split("/"))
+
+
+def _trace_headers(scope: Scope) -> dict[str, str]:
+    """W3C trace context from the request: `traceparent`, and `tracestate` with repeated header
+    lines joined (RFC 9110), each within what the SDK would parse (it drops a longer tracestate)."""
+    parent: str | None = None
+    states: list[str] = []
+    for key, value in scope.get("headers", []):
+        if key == b"traceparent" and parent is None:
+            parent = value.decode("latin-1")[:128]
+        elif key == b"tracestate":
+            states.append(value.decode("latin-1"))
+    found = {} if parent is None else {"traceparent": parent}
+    state = ",".join(states)
+    if states and len(state) <= TRACESTATE_LIMIT:
+        found["tracestate"] = state
+    return found
+
+
+def _header(scope: Scope, name: bytes, limit: int | None = 512) -> str | None:
+    """A header's value; cut to `limit` characters (ids echoed and logged stay bounded), except
+    where the whole value matters (the API key: any length the HTTP server accepts)."""
+    for key, value in scope.get("headers", []):
+        if key == name:
+            text: str = value.decode("latin-1")[:limit]
+            return text
+    return None

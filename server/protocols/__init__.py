@@ -1,0 +1,1 @@
+"""Each peer's request bodies: OpenAI and vLLM, Cohere, TEI."""

@@ -1,0 +1,1 @@
+"""Text inputs before tokenizing: prompts, long inputs in windows, late chunking."""
