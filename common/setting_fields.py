@@ -1,0 +1,361 @@
+"""Every setting: its type, default, bounds, and the one text of it (its description; and, where the default
+is worked out at start, its `default_text`). `warmpool --help` and docs/reference/settings.md are generated
+from these; common/settings.py adds what the appliance derives from them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from common.cpus import usable_cpus
+
+BUDGET_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([kKMGT])(i?)[bB]?|[bB]|(%))?\s*$"
+
+
+class SettingFields(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="WARMPOOL_",
+        cli_kebab_case=True,
+        cli_prog_name="warmpool",
+        cli_implicit_flags=False,
+        extra="ignore",
+        # compose passes `${WARMPOOL_X:-}` for settings whose default is derived: empty means unset.
+        env_ignore_empty=True,
+    )
+
+    model: str = Field(
+        "./models/all-MiniLM-L6-v2",
+        description="Model folder, or a Hugging Face repo id resolved offline from `HF_HOME`.",
+    )
+    served_model_name: str | None = Field(
+        None, description="Name clients use.", json_schema_extra={"default_text": "the folder's name"}
+    )
+    models: str | None = Field(
+        None,
+        description=(
+            "Several models behind one port: `FOLDER` or `NAME=FOLDER`, comma-separated, the first the "
+            "default, each optionally followed by `;engines=N`, `;dtype=…`, `;max_batch_tokens=N`, "
+            '`;max_batch_size=N`, `;resident=auto`, `;keep_alive=SECONDS` for that model alone (see "Several '
+            'models" and "Models on demand").'
+        ),
+        json_schema_extra={"default_text": "unset (one model: `WARMPOOL_MODEL`)"},
+    )
+    on_model_failure: Literal["exit", "serve-others"] = Field(
+        "exit",
+        description=(
+            "With several models, a model that fails to start (or runs out of restarts) fails the appliance "
+            "(`exit`), or the others serve on (`serve-others`)."
+        ),
+    )
+    memory_budget: str | None = Field(
+        None,
+        pattern=BUDGET_PATTERN,
+        description=(
+            "With several models, what the loaded models may hold together (their engines' PSS): bytes with a"
+            " `k`/`M`/`G`/`T` (powers of 1000) or `Ki`/`Mi`/`Gi`/`Ti` suffix, or a share of the memory limit "
+            "(the cgroup's, else the host's) such as `80%`; unset: no bound (see \"Models on demand\")."
+        ),
+    )
+    resident: Literal["always", "auto"] = Field(
+        "always",
+        description=(
+            "With several models (per model: `;resident=auto`): `always` loads the model at start and never "
+            "unloads it; `auto` loads it at start while it fits the budget, else on its first request, and "
+            "unloads it to make room (least recently used first) or after `keep_alive` idle seconds."
+        ),
+    )
+    keep_alive: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Seconds an idle `resident=auto` model stays loaded (per model: `;keep_alive=300`); unset: until "
+            "its memory is needed."
+        ),
+    )
+    host: str = Field("127.0.0.1", description="Listen address (`0.0.0.0` in the image).")
+    port: int = Field(
+        8000,
+        ge=0,
+        le=65535,
+        description=(
+            "Listen port; `AIP_HTTP_PORT` wins when set, and under `serve` it is 8080 "
+            "(`SAGEMAKER_BIND_TO_PORT`); see [Managed platforms](../operations/platforms.md)."
+        ),
+    )
+    port_file: Path | None = Field(
+        None,
+        description=(
+            "A file the port listened on is written to once bound (`/tmp/warmpool.port` in the image, whose "
+            "`HEALTHCHECK` reads it: `serve` and `AIP_HTTP_PORT` move the port)."
+        ),
+    )
+    health_route: str | None = Field(
+        None,
+        pattern=r"^/",
+        description=(
+            "Another path answering as `/health/ready`, open without the API key (`AIP_HEALTH_ROUTE` sets it)."
+        ),
+    )
+    predict_route: str | None = Field(
+        None,
+        pattern=r"^/",
+        description=(
+            'A path answering Vertex AI\'s predict body, `{"instances", "parameters"}` to `{"predictions"}` '
+            "(`AIP_PREDICT_ROUTE` sets it)."
+        ),
+    )
+
+    max_batch_tokens: int = Field(16384, ge=1, description="Padded tokens per engine batch.")
+    max_batch_size: int = Field(256, ge=1, description="Inputs per engine batch.")
+    max_inputs_per_request: int = Field(2048, ge=1, description="Inputs one request may carry.")
+    max_concurrent_inputs: int | None = Field(
+        None,
+        ge=1,
+        description="Admission permits, one per input (429 past them).",
+        json_schema_extra={"default_text": "4 x `max_batch_tokens` / 64, at least 64"},
+    )
+    priority_reserve: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        description=(
+            "Share of the admission permits kept for requests at priority 0 or more urgent: bulk work (a "
+            "higher priority number) cannot take them (see Priority in [limits](../limits.md))."
+        ),
+    )
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Request body limit (413 past it).")
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="Request line and headers limit, in bytes (414 or 431 past it)."
+    )
+    max_headers: int = Field(128, ge=8, description="Request headers one request may carry (431 past it).")
+    long_inputs: Literal["refuse", "truncate", "chunk"] = Field(
+        "refuse",
+        description=(
+            "A text longer than the model takes, unless the request says: `refuse` (400), `truncate`, or "
+            "`chunk` (embedded as overlapping windows, their token-weighted mean; see [limits](../limits.md))."
+        ),
+    )
+    max_windows: int = Field(64, ge=1, description="Windows one text may be chunked into (400 past it).")
+    max_response_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=1024,
+        description=(
+            "What one answer of per-token or sparse output (`/embed_all` vectors, a ColBERT's or bge-m3's "
+            "token vectors and weights, TEI `/tokenize` spans, SPLADE weights) may take, in bytes, estimated "
+            "before the work (400 past it)."
+        ),
+    )
+    max_image_bytes: int = Field(
+        20_000_000,
+        ge=1024,
+        description=(
+            "An image input's encoded size, in bytes (CLIP/SigLIP models; 400 past it), whatever the body "
+            "limit (see [Images](../images.md))."
+        ),
+    )
+    max_image_pixels: int = Field(
+        40_000_000,
+        ge=1,
+        description=(
+            "An image's width x height, and the size its resize to the model's input would give, both read "
+            "from its header before it is decoded (400 past either: a decompression bomb is refused, never "
+            "decoded)."
+        ),
+    )
+    max_image_aspect_ratio: float = Field(
+        200.0,
+        ge=1,
+        description=(
+            "An image's longer side over its shorter, read from its header (400 past it: a 1 x 2000 image "
+            "resized to a 224-pixel shorter side would be 224 x 448000)."
+        ),
+    )
+    image_urls: Literal["off", "allowlist"] = Field(
+        "off",
+        description=(
+            "Image inputs given as `http(s)` URLs: `off` (400; `data:` URLs and base64 only), or `allowlist`:"
+            " fetched from the hosts `WARMPOOL_IMAGE_URL_ALLOWLIST` names."
+        ),
+    )
+    image_url_allowlist: str | None = Field(
+        None,
+        description=(
+            "Hosts image URLs may name (comma-separated, exact names); a loopback, link-local or private "
+            "address is fetched only from a host named here."
+        ),
+    )
+    image_url_timeout: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "Seconds a request's image URL fetches may take together, redirects included (one slow host "
+            "cannot hold a request for that many times this)."
+        ),
+    )
+    image_url_redirects: int = Field(3, ge=0, le=10, description="Redirects an image URL may take, each checked again.")
+
+    engines: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description=(
+            "Engine processes; on the CPU they share one copy of the weights ([Memory](../operations/memory.md))."
+        ),
+        json_schema_extra={"default_text": "2 on the CPU (1 on one CPU), one per visible GPU on cuda"},
+    )
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+        description=(
+            "`auto` (cuda when a GPU is visible, else cpu), `cpu`, `cuda` (engines spread one per GPU) or "
+            "`cuda:N`; a GPU that is not there fails the start."
+        ),
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
+        "auto",
+        description=(
+            "`auto` (float32 on the CPU; bfloat16 on GPUs that have it, else float16), `float32`, `bfloat16`,"
+            " `float16` (on the CPU only where it has instructions for them), `int8` (CPU only; see [CPU "
+            "precision](../operations/precision.md))."
+        ),
+    )
+    allow_bin_weights: Literal["on", "off"] = Field(
+        "off",
+        description=(
+            "`on`: read `pytorch_model.bin` weights (pickles) where a folder has no safetensors, with "
+            "`torch.load(weights_only=True)`; `off`: such a folder fails its `engine` phase saying so."
+        ),
+    )
+    engine_threads: int = Field(
+        default_factory=lambda: usable_cpus(),  # looked up when built: tests replace it
+        ge=1,
+        description=(
+            "torch threads of an engine working alone (every other engine idle for 0.2 s or more); engines "
+            "busy together take `ENGINE_THREADS / ENGINES` each. Default: the CPUs in the process's affinity "
+            "set, capped by a cgroup CPU quota (a pod's `limits.cpu`, rounded down), not the host's count."
+        ),
+        json_schema_extra={"default_text": "usable CPUs"},
+    )
+    engine_nice: int = Field(
+        5, ge=0, le=19, description="Niceness of the engine process, so the HTTP process gets a core at once."
+    )
+    executor_threads: int = Field(4, ge=1, description="Threads for parsing, tokenizing and response building.")
+    start_method: Literal["forkserver", "spawn"] = Field(
+        "forkserver", description="How engines start; `spawn` is the fallback."
+    )
+
+    prefetch: Literal["on", "off"] = Field(
+        "on",
+        description=(
+            "Warm the page cache with the model files and the environment's native libraries (`off` to skip both)."
+        ),
+    )
+    prefetch_environment: Literal["on", "off"] = Field(
+        "off",
+        description=(
+            "Also read torch's (numpy's, ...) native libraries ahead of the forkserver's import: `on` pays on"
+            " volumes slow per read ([Startup phases](../startup.md))."
+        ),
+    )
+    prefetch_threads: int = Field(8, ge=1, le=64, description="Prefetch readers (1 for a spinning disk).")
+
+    max_restarts: int = Field(5, ge=0, description="Engine restarts allowed within the restart window.")
+    restart_window: float = Field(300.0, gt=0, description="Seconds over which restarts are counted.")
+    drain_timeout: float = Field(30.0, ge=0, description="Seconds to finish in-flight requests on SIGTERM.")
+    fail_linger: float = Field(
+        10.0, ge=0, description="Seconds a failed start keeps `/health/startup` up before exiting."
+    )
+    request_timeout: float = Field(
+        120.0,
+        gt=0,
+        description=(
+            "Seconds a request may take once its body has arrived, tokenizing and the engine together (then "
+            "503; 499 if the client left)."
+        ),
+    )
+    engine_stall_timeout: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds an engine with work outstanding may answer nothing before it is killed and replaced.",
+        json_schema_extra={
+            "default_text": (
+                "from warm-up: 8 x the time of the largest forward answered in one go (a 384-token group, "
+                "or the longest input, on a native model; a full batch on the transformers fallback), at "
+                "least 10 s, at most half of `WARMPOOL_REQUEST_TIMEOUT`"
+            )
+        },
+    )
+    compile: Literal["auto", "off", "required"] = Field(
+        "auto",
+        description=(
+            "Compiled engines (native families on the CPU): `auto` serves at once, eager, and switches each "
+            "engine to the compiled forward when it is built (with the artifact cached: before the first "
+            "request); `required`: not ready until compiled; `off`: eager only "
+            "([Compiled engines](../operations/compile.md))."
+        ),
+    )
+    compile_cache: Path = Field(
+        default_factory=lambda: (
+            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "warmpool" / "compile"
+        ),
+        description=(
+            "Folder of compiled artifacts, one per model files, precision, torch version, CPU and warmpool version."
+        ),
+        json_schema_extra={
+            "default_text": "`~/.cache/warmpool/compile` (`/var/cache/warmpool` in the image, a volume)"
+        },
+    )
+    compile_timeout: float = Field(
+        900.0, gt=0, description="Seconds a compile may take; past it the compile is killed and the engine stays eager."
+    )
+    read_timeout: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "Seconds a client may take to send a request's headers (then the connection is closed), and again"
+            " its body (then 408)."
+        ),
+    )
+    hold_during_start: Literal["on", "off"] = Field(
+        "off",
+        description=(
+            "`on`: a request that arrives while the appliance starts is held until every model has started, "
+            "then served, instead of a 503 at once (probes unchanged)."
+        ),
+    )
+    load_wait: float = Field(30.0, gt=0, description="Seconds a held request waits (then 503 with `Retry-After`).")
+
+    api_key: SecretStr | None = Field(None, description="Bearer token required on API routes.")
+    api_key_file: Path | None = Field(None, description="File holding the API key (a mounted secret).")
+
+    otlp_endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description=(
+            "OpenTelemetry collector (none: no tracing) to export traces to (see "
+            "[Tracing](../operations/tracing.md)): for `http/protobuf` the base URL (`/v1/traces` is added), "
+            "for `grpc` the collector as `http://host:4317`."
+        ),
+    )
+    otlp_protocol: Literal["http/protobuf", "grpc"] = Field(
+        "http/protobuf", description="OTLP transport: `http/protobuf` or `grpc`."
+    )
+    otlp_service_name: str | None = Field(
+        None,
+        description="`service.name` of the exported spans.",
+        json_schema_extra={
+            "default_text": "`OTEL_SERVICE_NAME` (or the `service.name` in `OTEL_RESOURCE_ATTRIBUTES`), else warmpool"
+        },
+    )
+
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="`debug`, `info`, `warning`, `error`."
+    )
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto", description="`auto` (console on a TTY, JSON otherwise), `json`, `console`."
+    )
