@@ -6,10 +6,7 @@ allowlisted host. The CLIP model is served beside a text embedder."""
 from __future__ import annotations
 
 import base64
-import http.server
 import io
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.image_host import png_host
 from tests.server_process import ServerProcess, serving
 from tests.tiny_vision import build_clip, build_siglip, image_bytes
 from tests.unit.test_images import bomb
@@ -56,30 +54,8 @@ def appliance(
 def images_host() -> Iterator[str]:
     """A local HTTP server with one PNG at /cat.png, /moved redirecting to it, and /slow.png: the same
     PNG from a slow host (answered SLOW_S after it is asked)."""
-    png = image_bytes("PNG", seed=5)
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/slow.png":
-                time.sleep(SLOW_S)  # the slow host itself, not a wait for anything
-                self.path = "/cat.png"
-            if self.path == "/moved":
-                self.send_response(302)
-                self.send_header("Location", "/cat.png")
-                self.end_headers()
-                return
-            self.send_response(200 if self.path == "/cat.png" else 404)
-            self.send_header("Content-Length", str(len(png)))
-            self.end_headers()
-            self.wfile.write(png)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with png_host(SLOW_S) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import numpy as np
 from common.wire import Tokens
 from server.core import inputs
 from server.core.inputs import RequestContext
+from server.http.errors import APIError, field_of
 from server.tokenizing.tokenizer import Direction
 
 LongInputs = Literal["refuse", "truncate", "chunk"]
@@ -65,23 +66,25 @@ def tokenize(
     most = room + (ctx.settings.max_windows - 1) * (room - overlap)  # the tokens max_windows windows hold
     for i, text in enumerate(texts):  # one at a time: a refused text leaves the rest untokenized
         if ctx.tokenizers.surely_longer(prompt + text, most):
-            raise inputs.bad_request(
-                f"{field}[{i}] takes more than WARMPOOL_MAX_WINDOWS ({ctx.settings.max_windows}) windows of "
-                f"{info.max_model_len} tokens",
-                field,
-            )
+            raise too_many_windows(f"{field}[{i}]", None, ctx)
         raw = ctx.tokenizers.encode_raw(prompt + text)
         count = ctx.tokenizers.window_count(raw, info.max_model_len, overlap)
         if count > ctx.settings.max_windows:
-            raise inputs.bad_request(
-                f"{field}[{i}] takes {count} windows of {info.max_model_len} tokens, more than "
-                f"WARMPOOL_MAX_WINDOWS ({ctx.settings.max_windows})",
-                field,
-            )
+            raise too_many_windows(f"{field}[{i}]", count, ctx)
         ctx.admit(len(flat) + count, field)  # a permit per window, taken before its token lists are made
         flat += ctx.tokenizers.windows(raw, info.max_model_len, overlap)
         counts.append(count)
     return flat, Windows(counts, [len(w.input_ids) for w in flat])
+
+
+def too_many_windows(where: str, count: int | None, ctx: RequestContext) -> APIError:
+    """The 400 for a text past WARMPOOL_MAX_WINDOWS: its windows counted, or (None) known to be too many."""
+    most, tokens = ctx.settings.max_windows, ctx.folder.max_model_len
+    if count is None:
+        said = f"more than WARMPOOL_MAX_WINDOWS ({most}) windows of {tokens} tokens"
+    else:
+        said = f"{count} windows of {tokens} tokens, more than WARMPOOL_MAX_WINDOWS ({most})"
+    return inputs.bad_request(f"{where} takes {said}", field_of(where))
 
 
 def combine(vectors: np.ndarray, windows: Windows | None, sparse: bool = False) -> np.ndarray:

@@ -17,6 +17,7 @@ together. The lookup (getaddrinfo blocks) runs on RESOLVERS threads of its own, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import re
 import socket
@@ -170,7 +171,7 @@ async def _get(
         raise ValueError("the URL's path holds spaces or control characters")
     name = f"[{host}]" if ":" in host else host
     authority = name if port == (443 if scheme == "https" else 80) else f"{name}:{port}"
-    tls = ssl.create_default_context() if scheme == "https" else None
+    tls = _tls() if scheme == "https" else None
     reader, writer = await asyncio.open_connection(
         address, port, ssl=tls, server_hostname=host if tls else None, limit=LINE
     )
@@ -183,6 +184,13 @@ async def _get(
         return 200, None, await _body(reader, headers, limit, where, url)
     finally:
         writer.transport.abort()  # Connection: close, and nothing more to read: no closing handshake awaited
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for every https fetch: making one reads the CA bundle (milliseconds of CPU, on
+    the event loop)."""
+    return ssl.create_default_context()
 
 
 async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:

@@ -5,7 +5,6 @@ deadline in every phase, whatever its host's byte rate."""
 from __future__ import annotations
 
 import asyncio
-import http.server
 import socket
 import threading
 import time
@@ -27,7 +26,8 @@ from server.core.services import ServedModel, Services
 from server.http.errors import APIError
 from server.tokenizing.tokenizer import TokenizerPool
 from server.vision import image_fetch, multimodal
-from tests.tiny_vision import build_clip, image_bytes
+from tests.image_host import png_host
+from tests.tiny_vision import build_clip
 
 
 def allowing(timeout: float) -> Settings:
@@ -103,22 +103,8 @@ def trickling() -> Iterator[Host]:
 
 @pytest.fixture
 def good() -> Iterator[str]:
-    png = image_bytes("PNG", seed=5)
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(png)))
-            self.end_headers()
-            self.wfile.write(png)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/cat.png"
-    server.shutdown()
+    with png_host() as url:
+        yield f"{url}/cat.png"
 
 
 def prepared(svc: Services, body: dict[str, Any], settings: Settings) -> asyncio.Task[Prepared[Any]]:
