@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from common.causal_reranker import PairTemplate, reranker_template, score_token_ids
 from common.folderjson import ModelError, modules_json, read_json
@@ -22,6 +22,11 @@ from common.native import Kind, native_model
 from common.splade import Routed, Splade, SpladeError, read_router, read_splade
 from common.st_modules import DenseLayer, PoolingMode, read_modules
 from common.vision import Vision, VisionError, clip_module, dimensions, is_dual_encoder, read_vision, text_length
+
+# What a model answers: the key of the server's output kinds (server/kinds/), one module each
+Output = Literal[
+    "dense", "sparse", "inference-free-sparse", "multi-vector", "m3", "image-text", "labels", "cross-encoder"
+]
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,19 @@ class ModelFolder:
     # the weights of its tokens, no forward; `path` is then the Router's document encoder
     idf: Path | None = None
     vision: Vision | None = None  # a CLIP or SigLIP model: texts and images into one space (common.vision)
+
+    @property
+    def output(self) -> Output:
+        """The output kind, from what the folder holds: the one key requests are answered by."""
+        if self.vision is not None:
+            return "image-text"
+        if self.kind == "sparse":
+            return "sparse" if self.idf is None else "inference-free-sparse"
+        if self.kind == "embedding":
+            return "dense" if self.m3 is None else "m3"
+        if self.kind == "multi-vector":
+            return "multi-vector"
+        return "cross-encoder" if self.kind == "cross-encoder" else "labels"
 
     @property
     def dimensions(self) -> int:

@@ -32,13 +32,17 @@ from server.protocols.openai import PRIORITY_LIMIT
 from server.vision.url_images import UrlImages
 
 B = TypeVar("B")
+S = TypeVar("S")
 
 
 @dataclass
-class Prepared(Generic[B]):
+class Prepared(Generic[B, S]):
+    """A request ready for the engine: its body, its engine inputs, and what its render needs to
+    map the rows back (windows, a kind's own state; None where nothing is)."""
+
     body: B
     tokens: list[Tokens]
-    extra: Any = None
+    state: S = None  # type: ignore[assignment]
 
     @property
     def n_tokens(self) -> int:
@@ -48,8 +52,8 @@ class Prepared(Generic[B]):
         return {"prompt_tokens": self.n_tokens, "total_tokens": self.n_tokens}
 
 
-Prepare = Callable[[bytes, RequestContext], Prepared[Any]]
-Render = Callable[[Prepared[Any], Outcome, RequestContext], bytes]
+Prepare = Callable[[bytes, RequestContext], Prepared[Any, Any]]
+Render = Callable[[Prepared[Any, Any], Outcome, RequestContext], bytes]
 
 
 @dataclass
@@ -168,7 +172,7 @@ def checked_priority(value: Any, where: str) -> int:
     return value
 
 
-def at_priority(prepare: Prepare, raw: bytes, ctx: RequestContext) -> Prepared[Any]:
+def at_priority(prepare: Prepare, raw: bytes, ctx: RequestContext) -> Prepared[Any, Any]:
     """prepare, with the request's priority known before it takes its permits: the body's
     `priority` (parsed again only where the body names one) over the header's; its inputs carry it."""
     if b'"priority"' in raw:
@@ -259,7 +263,7 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
 
 async def prepare_in_time(
     svc: Services, prepare: Prepare, raw: bytes, ctx: RequestContext, gone: asyncio.Future[Any], deadline: float
-) -> Prepared[Any]:
+) -> Prepared[Any, Any]:
     """prepare on the executor, then the image URLs it met fetched on the loop and decoded on the
     executor (server/vision/url_images.py: no executor thread waits on an image host); given up (503, or 499
     for a client that left) past the deadline; the thread itself runs on, refused any further

@@ -1,2 +1,25 @@
-"""What an output kind needs beyond a dense vector: bge-m3's three outputs, inference-free sparse
-queries, ColBERT's token vectors."""
+"""Output kinds, one module each, registered here once: what a model answers and how it scores,
+decided when its folder is read (common.modelfolder.ModelFolder.output). Routes reach a request's
+kind through `of(ctx)`; adding a kind is a module and a line in KINDS."""
+
+from __future__ import annotations
+
+from server.core.inputs import RequestContext
+from server.kinds.base import OutputKind
+from server.kinds.dense import Dense
+from server.kinds.image_text import ImageText
+from server.kinds.labels import CrossEncoder, Labels
+from server.kinds.late_interaction import MultiVector
+from server.kinds.m3 import M3
+from server.kinds.sparse import Sparse
+from server.kinds.static_sparse import InferenceFreeSparse
+
+KINDS: dict[str, OutputKind] = {
+    kind.name: kind
+    for kind in (Dense(), Sparse(), InferenceFreeSparse(), MultiVector(), M3(), ImageText(), Labels(), CrossEncoder())
+}
+
+
+def of(ctx: RequestContext) -> OutputKind:
+    """The kind of the model the request selected."""
+    return KINDS[ctx.folder.output]

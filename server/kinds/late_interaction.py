@@ -9,13 +9,19 @@ do not attend to (unless the model attends to its expansion): every one of its v
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from common.modelfolder import ModelFolder
+from common.settings import Settings
 from common.wire import Tokens
 from server.core import inputs, outputs
+from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.pipeline import Prepared
+from server.kinds.base import Ask, OutputKind
+from server.kinds.pairs import Pairs
 from server.tokenizing.tokenizer import Direction, Markers
 
 Role = Literal["query", "document"]
@@ -107,6 +113,58 @@ def maxsim(query: np.ndarray, document: np.ndarray) -> float:
     return float((query.astype(np.float64) @ document.astype(np.float64).T).max(axis=1).sum())
 
 
-def token_vectors(prep: Any, outcome: Any, ctx: RequestContext) -> list[np.ndarray]:
-    """Each input's scored vectors, from a request prepared with its role as `extra`."""
-    return [kept(v, t, prep.extra, ctx) for v, t in zip(outcome.vectors, prep.tokens, strict=True)]
+class MultiVector(OutputKind):
+    """A ColBERT model: every scored token's vector, queries and documents in their roles; MaxSim."""
+
+    name = "multi-vector"
+    capabilities: ClassVar[tuple[str, ...]] = ("rerank",)  # its token vectors are on /pooling and /embed_all
+
+    def card(self, folder: ModelFolder, settings: Settings) -> dict[str, Any]:
+        return {"outputs": ["multi_vector"], "pooling": "none", "similarity": "maxsim"}
+
+    def tei_type(self, folder: ModelFolder) -> dict[str, Any]:
+        return {"embedding": {"pooling": "none"}}
+
+    def pair_prompt(self, ctx: RequestContext, prompt_name: str | None) -> str:
+        return ""  # its roles bring their own prompts
+
+    def embed_tokens(self, ask: Ask, ctx: RequestContext) -> Prepared[Ask, Role]:
+        if ask.outputs is not None:
+            raise inputs.bad_request(
+                "'outputs' selects a bge-m3 model's outputs; this one answers token vectors",
+                "outputs",
+            )
+        role = role_of(ctx, ask.prompt_name, ask.input_type)
+        return Prepared(ask, tokenize(ask.inputs, ctx, role, ask.truncate, ask.field, ask.direction), role)
+
+    def token_items(self, prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> list[np.ndarray]:
+        """Each input's scored vectors."""
+        return [kept(v, t, prep.state, ctx) for v, t in zip(outcome.vectors, prep.tokens, strict=True)]
+
+    def pairs(
+        self,
+        lefts: list[str],
+        rights: list[str],
+        ctx: RequestContext,
+        truncate: int | None,
+        fields: tuple[str, str],
+        direction: Direction = "right",
+    ) -> tuple[list[Tokens], Pairs]:
+        """Each distinct left text encoded once as a query, each distinct right text once as a
+        document (a text on both sides is encoded both ways)."""
+        queries, documents = list(dict.fromkeys(lefts)), list(dict.fromkeys(rights))
+        left_field, right_field = fields
+        ctx.admit(len(queries) + len(documents), right_field)  # every list the engine runs, both roles
+        tokens = tokenize(queries, ctx, "query", truncate, left_field, direction, vectors=False)
+        tokens += tokenize(documents, ctx, "document", truncate, right_field, direction, vectors=False)
+        query_at = {text: i for i, text in enumerate(queries)}
+        document_at = {text: len(queries) + i for i, text in enumerate(documents)}
+        left, right = [query_at[t] for t in lefts], [document_at[t] for t in rights]
+        return tokens, Pairs(len(lefts), False, left, right, late=tokens)
+
+    def scores(self, vectors: Any, pairs: Pairs, ctx: RequestContext, raw: bool = False) -> np.ndarray:
+        late = pairs.late
+        assert late is not None
+        queries = {a: kept(vectors[a], late[a], "query", ctx) for a in set(pairs.left)}
+        documents = {b: kept(vectors[b], late[b], "document", ctx) for b in set(pairs.right)}
+        return np.array([maxsim(queries[a], documents[b]) for a, b in zip(pairs.left, pairs.right, strict=True)])

@@ -6,13 +6,20 @@ ColBERT vectors of every token but the first. The engine runs one forward for al
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from common.modelfolder import ModelFolder
+from common.settings import Settings
 from common.wire import Tokens
 from server.core import inputs, outputs
+from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.pipeline import Prepared
+from server.kinds.base import Ask, Item, check_dimensions
+from server.kinds.dense import Dense, late, only_dense, windowed
 from server.protocols.openai import SparseOptions
 from server.texts import chunking
 
@@ -21,13 +28,10 @@ def asked(names: Sequence[str] | None, ctx: RequestContext, field: str = "output
     """The outputs a request names, in a fixed order; None where it asks for the dense vector
     alone (the usual path). A model without bge-m3's heads, or whose heads are pickles the
     server may not load, is a 400 for any other output."""
-    if names is None or set(names) == {"dense"}:
-        return None
     m3 = ctx.folder.m3
-    if m3 is None:
-        raise inputs.bad_request(
-            "'outputs' other than dense need a bge-m3 model (sparse_linear, colbert_linear)", field
-        )
+    if m3 is None or names is None or set(names) == {"dense"}:
+        only_dense(names, field)
+        return None
     if m3.pickled and ctx.settings.allow_bin_weights != "on":
         raise inputs.bad_request(
             f"this model's heads ({m3.sparse.name}, {m3.colbert.name}) are torch pickles, not loaded by default: "
@@ -61,27 +65,79 @@ def lexical(weights: np.ndarray, ids: list[int], unused: frozenset[int], options
     return {"indices": indices, "values": [best[t] for t in indices]}
 
 
-def items(rows: np.ndarray, prep: Any, ctx: RequestContext) -> list[dict[str, Any]]:
+def answers(
+    rows: Any,
+    tokens: list[Tokens],
+    windows: chunking.Windows | None,
+    options: SparseOptions,
+    ctx: RequestContext,
+) -> list[Item]:
     """Per input its outputs: `embedding` (the dense vector, normalised as the model's modules
     say), `sparse` and `multi_vector`, only those asked. A text embedded as windows (long inputs
     chunked) gets its windows' token-weighted mean, the largest weight per token id over all of
     them, and their ColBERT vectors one after another."""
-    windows = prep.extra if isinstance(prep.extra, chunking.Windows) else None
-    options = prep.body if isinstance(prep.body, SparseOptions) else SparseOptions(top_k=None, threshold=None)
-    answers, start = [], 0
+    found, start = [], 0
     for count in windows.counts if windows is not None else [1] * len(rows):
-        part, tokens = rows[start : start + count], prep.tokens[start : start + count]
+        part, mine = rows[start : start + count], tokens[start : start + count]
         start += count
         item: dict[str, Any] = {}
         if "dense" in part[0]:
-            lengths = [len(t.input_ids) for t in tokens]
+            lengths = [len(t.input_ids) for t in mine]
             dense = chunking.combine(np.stack([r["dense"] for r in part]), chunking.Windows([count], lengths))
             item["embedding"] = outputs.embeddings(dense, None, ctx.folder.normalize)[0]
         if "sparse" in part[0]:
             weights = np.concatenate([r["sparse"] for r in part])
-            ids = [i for t in tokens for i in t.input_ids]
+            ids = [i for t in mine for i in t.input_ids]
             item["sparse"] = lexical(weights, ids, ctx.tokenizers.special_ids, options)
         if "multi_vector" in part[0]:
             item["multi_vector"] = np.concatenate([r["multi_vector"] for r in part])
-        answers.append(item)
-    return answers
+        found.append(item)
+    return found
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A request for outputs beside the dense vector: which, and the windows of its long inputs."""
+
+    outputs: tuple[str, ...]
+    windows: chunking.Windows | None
+
+
+class M3(Dense):
+    """bge-m3: a dense model whose requests may also ask for its lexical weights and ColBERT vectors."""
+
+    name = "m3"
+
+    def card(self, folder: ModelFolder, settings: Settings) -> dict[str, Any]:
+        assert folder.m3 is not None
+        if settings.allow_bin_weights != "on" and folder.m3.pickled:  # its heads are not loaded
+            return super().card(folder, settings)
+        return {"outputs": ["dense", "sparse", "multi_vector"], "pooling": folder.pooling}
+
+    def embed(self, ask: Ask, ctx: RequestContext) -> Prepared[Ask, Any]:
+        check_dimensions(ask.dimensions, ctx)
+        prompt = self.prompt(ask, ctx)
+        if ask.late_chunking:
+            return late(ask, ctx, prompt)
+        wanted = asked(ask.outputs, ctx, ask.outputs_field)
+        if "sparse" not in (wanted or ()) and (ask.sparse.top_k, ask.sparse.threshold) != (
+            None,
+            None,
+        ):
+            raise inputs.bad_request(
+                "'top_k' and 'threshold' prune the sparse output: ask for it in 'outputs'", "top_k"
+            )
+        if wanted is not None and (ask.dimensions is not None or ask.base64):
+            raise inputs.bad_request(
+                "'dimensions' and base64 apply to the dense vector alone, not to 'outputs'",
+                "outputs",
+            )
+        tokens, windows = windowed(ask, ctx, prompt)
+        if wanted is None:
+            return Prepared(ask, tokens, windows)
+        return Prepared(ask, marked(tokens, wanted, ctx, ask.field), Asked(wanted, windows))
+
+    def items(self, prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> list[Item]:
+        if not isinstance(prep.state, Asked):
+            return super().items(prep, outcome, ctx)
+        return answers(outcome.vectors, prep.tokens, prep.state.windows, prep.body.sparse, ctx)

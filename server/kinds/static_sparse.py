@@ -12,9 +12,16 @@ from typing import Any
 
 import numpy as np
 
+from common.wire import Tokens
 from server.core import inputs
+from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.pipeline import Prepared
+from server.kinds.base import Ask
 from server.kinds.late_interaction import role_of
+from server.kinds.pairs import Pairs
+from server.kinds.sparse import Sparse
+from server.tokenizing.tokenizer import Direction
 
 ROW_BYTES_PER_ENTRY = 4  # a query's row is vocabulary-wide float32, as the engine's SPLADE rows are
 
@@ -24,12 +31,6 @@ class Static:
     """A request's query rows, made without the engine."""
 
     rows: np.ndarray  # [inputs, vocabulary]
-
-
-def static_queries(ctx: RequestContext, prompt_name: str | None) -> bool:
-    """The request's inputs are an inference-free model's queries (`prompt_name` query); a document,
-    and every input to a model without a static query side, goes to the engine."""
-    return ctx.folder.idf is not None and role_of(ctx, prompt_name) == "query"
 
 
 @functools.lru_cache(maxsize=16)
@@ -64,3 +65,40 @@ def rows(value: Any, ctx: RequestContext, field: str) -> Static:
         ids = ids[:limit]
         out[i, ids] = weights[ids]
     return Static(out)
+
+
+class InferenceFreeSparse(Sparse):
+    """A sparse model whose queries (`prompt_name` query) are their tokens' static weights; its
+    documents go through the model; a request's role stands in for a prompt."""
+
+    name = "inference-free-sparse"
+
+    def embed(self, ask: Ask, ctx: RequestContext) -> Prepared[Ask, Any]:
+        if ask.dimensions is not None or ask.base64:
+            return super().embed(ask, ctx)  # its 400
+        if role_of(ctx, ask.prompt_name) == "query":
+            return Prepared(ask, [], rows(ask.inputs, ctx, ask.field))
+        return self.encoded(ask, ctx, "")
+
+    def rows(self, prep: Prepared[Ask, Any], outcome: Outcome) -> np.ndarray:
+        return prep.state.rows if isinstance(prep.state, Static) else super().rows(prep, outcome)
+
+    def pairs(
+        self,
+        lefts: list[str],
+        rights: list[str],
+        ctx: RequestContext,
+        truncate: int | None,
+        fields: tuple[str, str],
+        direction: Direction = "right",
+    ) -> tuple[list[Tokens], Pairs]:
+        """Queries by their tokens' static weights, documents by the model."""
+        queries = list(dict.fromkeys(lefts))
+        static = rows(queries, ctx, fields[0]).rows
+        tokens, pairs = super().pairs(rights, rights, ctx, truncate, (fields[1], fields[1]), direction)
+        at = {text: i for i, text in enumerate(queries)}
+        return tokens, Pairs(len(lefts), False, [at[t] for t in lefts], pairs.right, static=static)
+
+    def scores(self, vectors: Any, pairs: Pairs, ctx: RequestContext, raw: bool = False) -> np.ndarray:
+        assert pairs.static is not None
+        return (pairs.static[pairs.left].astype(np.float64) * vectors[pairs.right].astype(np.float64)).sum(axis=1)  # type: ignore[no-any-return]

@@ -9,17 +9,14 @@ from server.core import inputs, outputs
 from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared, answer, envelope
+from server.kinds.labels import label
 from server.protocols.openai import ClassifyRequest, openapi_body
 
 router = APIRouter(tags=["classification"])
 CLASSIFIERS = ("classification", "cross-encoder")
 
 
-def label(ctx: RequestContext, index: int) -> str:
-    return ctx.folder.id2label.get(index, f"LABEL_{index}")
-
-
-def prepare_classify(raw: bytes, ctx: RequestContext) -> Prepared[ClassifyRequest]:
+def prepare_classify(raw: bytes, ctx: RequestContext) -> Prepared[ClassifyRequest, None]:
     body = inputs.parse(ClassifyRequest, raw)
     ctx.select_model(body.model)
     ctx.require("/classify", *CLASSIFIERS)
@@ -27,7 +24,7 @@ def prepare_classify(raw: bytes, ctx: RequestContext) -> Prepared[ClassifyReques
     return Prepared(body, tokens)
 
 
-def render_classify(prep: Prepared[ClassifyRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+def render_classify(prep: Prepared[ClassifyRequest, None], outcome: Outcome, ctx: RequestContext) -> bytes:
     probs = outputs.activate(outcome.vectors)
     data = [
         {"index": i, "label": label(ctx, int(row.argmax())), "probs": row.tolist(), "num_classes": len(row)}

@@ -17,85 +17,87 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from server import kinds
 from server.core import inputs, outputs
 from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared, answer
+from server.kinds.base import Ask, check_dimensions
 from server.protocols.cohere import CohereEmbedRequest
 from server.protocols.openai import openapi_body
-from server.routes.embeddings import check_dimensions
-from server.texts import chunking
 from server.texts.prompts import prompt_for_input_type
 from server.vision import multimodal
 
 router = APIRouter(tags=["cohere"])
 
 
-def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[CohereEmbedRequest]:
+def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[Ask, Any]:
     body = inputs.parse(CohereEmbedRequest, raw)
     ctx.select_model(body.model)
     ctx.require("/v2/embed", "embedding")
-    if ctx.folder.vision is not None:  # a CLIP or SigLIP model: texts, images or both kinds of inputs
+    kind = kinds.of(ctx)
+    if kind.takes_images:  # a CLIP or SigLIP model: texts, images or both kinds of inputs
         check_dimensions(body.output_dimension, ctx)
         items, field = multimodal.cohere_items(body.texts, body.images, body.inputs)
         limit = None if body.truncate == "NONE" else min(body.max_tokens or -1, ctx.folder.max_model_len)
         encoded = multimodal.encode(items, ctx, field, limit)
-        return Prepared(body, encoded.tokens, encoded)
+        return Prepared(Ask(None, field, dimensions=body.output_dimension, request=body), encoded.tokens, encoded)
     if body.texts is None:
         field = "images" if body.images is not None else "inputs" if body.inputs is not None else "texts"
         raise inputs.bad_request(
             "'texts' is required: this model embeds text only (images need a CLIP or SigLIP model)", field
         )
-    check_dimensions(body.output_dimension, ctx)
     truncate = None
     if body.truncate != "NONE":
         truncate = -1 if body.max_tokens is None else min(body.max_tokens, ctx.folder.max_model_len)
     unset = body.long_inputs is None and not {"truncate", "max_tokens"} & body.model_fields_set
     chunk = body.max_tokens is None and (body.long_inputs == "chunk" or (unset and ctx.settings.long_inputs == "chunk"))
-    tokens, windows = chunking.tokenize(
+    ask = Ask(
         body.texts,
-        ctx,
+        "texts",
         None if chunk else truncate,
         "chunk" if chunk else "refuse",
-        "texts",
         prompt=prompt_for_input_type(ctx.folder, body.input_type),
         direction="left" if body.truncate == "START" else "right",
+        dimensions=body.output_dimension,
+        request=body,
     )
-    return Prepared(body, tokens, windows)
+    return kind.embed(ask, ctx)
 
 
-def by_type(prep: Prepared[CohereEmbedRequest], outcome: Outcome, ctx: RequestContext) -> dict[str, list[Any]]:
+def by_type(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> dict[str, list[Any]]:
     """The embeddings in every type asked for (float when none is)."""
-    images = isinstance(prep.extra, multimodal.Encoded)  # a CLIP or SigLIP model's inputs: never windowed
-    pooled = chunking.combine(outcome.vectors, None if images else prep.extra)
-    vectors = outputs.embeddings(pooled, prep.body.output_dimension, ctx.folder.normalize)
-    return {kind: outputs.quantize(vectors, kind) for kind in dict.fromkeys(prep.body.embedding_types or ["float"])}
+    kind = kinds.of(ctx)
+    assert isinstance(kind, kinds.Dense)  # the route serves embedding models alone
+    vectors = kind.vectors(prep, outcome, ctx)
+    types = prep.body.request.embedding_types
+    return {name: outputs.quantize(vectors, name) for name in dict.fromkeys(types or ["float"])}
 
 
-def envelope(prep: Prepared[CohereEmbedRequest], version: str, **fields: Any) -> bytes:
+def envelope(prep: Prepared[Ask, Any], version: str, **fields: Any) -> bytes:
     """Cohere's answer: `texts` echoes the texts sent, `images` describes the images (of `images` or
     `inputs`) as they were sent, in order."""
-    pictures = prep.extra.described() if isinstance(prep.extra, multimodal.Encoded) else []
+    pictures = prep.state.described() if isinstance(prep.state, multimodal.Encoded) else []
     return outputs.to_json(
         {
             "id": str(uuid.uuid4()),
             **fields,
-            "texts": prep.body.texts,
+            "texts": prep.body.request.texts,
             **({"images": [dataclasses.asdict(p) for p in pictures]} if pictures else {}),
             "meta": {"api_version": {"version": version}, "billed_units": {"input_tokens": prep.n_tokens}},
         }
     )
 
 
-def render_v1(prep: Prepared[CohereEmbedRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+def render_v1(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> bytes:
     """v1 answers a bare list of floats unless embedding types were asked for."""
-    if prep.body.embedding_types is None:
+    if prep.body.request.embedding_types is None:
         floats = by_type(prep, outcome, ctx)["float"]
         return envelope(prep, "1", response_type="embeddings_floats", embeddings=floats)
     return envelope(prep, "1", response_type="embeddings_by_type", embeddings=by_type(prep, outcome, ctx))
 
 
-def render_v2(prep: Prepared[CohereEmbedRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+def render_v2(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> bytes:
     return envelope(prep, "2", response_type="embeddings_by_type", embeddings=by_type(prep, outcome, ctx))
 
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from common.modelfolder import ModelFolder
+from server import kinds
 from server.core.services import Services, services
 from server.http.errors import APIError
 
@@ -16,19 +17,9 @@ router = APIRouter(tags=["models"])
 _CREATED = int(time.time())
 
 
-# Infinity's names for what a model serves (its /models cards carry them)
-_CAPABILITIES = {
-    "embedding": ["embed"],
-    "sparse": ["embed"],
-    "multi-vector": ["rerank"],  # its token vectors are on /pooling and /embed_all, not /embeddings
-    "cross-encoder": ["rerank"],
-    "classification": ["classify"],
-}
-
-
 def input_modalities(folder: ModelFolder) -> list[str]:
     """What a model's inputs may be: text, and images for a CLIP or SigLIP model (server/vision/multimodal.py)."""
-    return ["text", "image"] if folder.vision is not None else ["text"]
+    return ["text", "image"] if kinds.KINDS[folder.output].takes_images else ["text"]
 
 
 @router.get("/v1/models")
@@ -61,6 +52,7 @@ def model_list(request: Request, owner: str) -> dict[str, object]:
             cards.append({**card, "state": state or ("failed" if failed else "starting"), "capabilities": []})
             continue
         folder = model.folder
+        kind = kinds.KINDS[folder.output]
         cards.append(
             {
                 **card,
@@ -69,28 +61,12 @@ def model_list(request: Request, owner: str) -> dict[str, object]:
                 "kind": folder.kind,
                 "max_model_len": folder.max_model_len,
                 "dimensions": folder.dimensions,
-                "capabilities": _CAPABILITIES.get(folder.kind, []),
+                "capabilities": list(kind.capabilities),
                 "input_modalities": input_modalities(folder),
-                **_outputs(folder, svc.settings.allow_bin_weights == "on"),
+                **kind.card(folder, svc.settings),
             }
         )
     return {"object": "list", "data": cards}
-
-
-def _outputs(folder: ModelFolder, allow_pickles: bool) -> dict[str, object]:
-    """What an embedding model answers, and how it pools: a dense vector, sparse weights, or one
-    vector per token (scored by MaxSim)."""
-    if folder.kind == "sparse":
-        return {"outputs": ["sparse"], "pooling": "splade"}
-    if folder.kind == "multi-vector":
-        return {"outputs": ["multi_vector"], "pooling": "none", "similarity": "maxsim"}
-    if folder.vision is not None:  # each tower's own pooling, into the shared space
-        return {"outputs": ["dense"], "pooling": folder.vision.family}
-    if folder.kind == "embedding" and folder.m3 is not None and (allow_pickles or not folder.m3.pickled):
-        return {"outputs": ["dense", "sparse", "multi_vector"], "pooling": folder.pooling}  # bge-m3's heads
-    if folder.kind == "embedding":
-        return {"outputs": ["dense"], "pooling": folder.pooling}
-    return {}
 
 
 @router.post("/admin/models/{name}/load")

@@ -7,7 +7,6 @@ TEI's shape: {"error": message, "error_type": ...}.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -15,12 +14,14 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from server import kinds
 from server.core import inputs, outputs
 from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
-from server.core.pipeline import Prepared, answer, in_shape
+from server.core.pipeline import Prepare, Prepared, Render, answer, in_shape
 from server.core.services import services
-from server.kinds import late_interaction
+from server.kinds.base import Ask
+from server.kinds.labels import label
 from server.protocols.openai import openapi_body
 from server.protocols.tei import (
     SimilarityRequest,
@@ -31,67 +32,50 @@ from server.protocols.tei import (
     truncation,
 )
 from server.routes import score, sparse
-from server.routes.classify import CLASSIFIERS, label
-from server.routes.embeddings import check_dimensions
+from server.routes.classify import CLASSIFIERS
 from server.routes.models import input_modalities
-from server.texts import chunking
-from server.texts.prompts import prompt_text
 from server.tokenizing.tokenizer import TextOrPair
 
 router = APIRouter(tags=["tei"])
-_TEI_POOLING = {"lasttoken": "last_token"}  # TEI's names where they differ from ours
 
 
-def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedRequest]:
+def tei_ask(body: TEIEmbedRequest | TEIEmbedAllRequest) -> Ask:
+    dimensions = body.dimensions if isinstance(body, TEIEmbedRequest) else None
+    long_inputs = body.long_inputs if isinstance(body, TEIEmbedRequest) else None
+    normalize = body.normalize if isinstance(body, TEIEmbedRequest) else None
+    return Ask(
+        body.inputs,
+        "inputs",
+        truncation(body),
+        long_inputs,
+        body.prompt_name,
+        direction=body.truncation_direction,
+        dimensions=dimensions,
+        normalize=normalize,
+    )
+
+
+def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[Ask, Any]:
     body = inputs.parse(TEIEmbedRequest, raw)
     ctx.require("/embed", "embedding")
-    check_dimensions(body.dimensions, ctx)
-    tokens, windows = chunking.tokenize(
-        body.inputs,
-        ctx,
-        truncation(body),
-        body.long_inputs,
-        "inputs",
-        prompt=prompt_text(ctx.folder, body.prompt_name),
-        direction=body.truncation_direction,
-    )
-    return Prepared(body, tokens, windows)
+    return kinds.of(ctx).embed(tei_ask(body), ctx)
 
 
-def render_embed(prep: Prepared[TEIEmbedRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+def render_embed(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> bytes:
     """A bare list of vectors; normalized unless asked otherwise, as TEI does for every model."""
-    pooled = chunking.combine(outcome.vectors, prep.extra)
-    return outputs.to_json(outputs.embeddings(pooled, prep.body.dimensions, prep.body.normalize))
+    return outputs.to_json([item["embedding"] for item in kinds.of(ctx).items(prep, outcome, ctx)])
 
 
-def prepare_embed_all(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedAllRequest]:
+def prepare_embed_all(raw: bytes, ctx: RequestContext) -> Prepared[Ask, Any]:
     body = inputs.parse(TEIEmbedAllRequest, raw)
     ctx.require("/embed_all", "embedding", "multi-vector")
-    if ctx.folder.kind == "multi-vector":
-        role = late_interaction.role_of(ctx, body.prompt_name)
-        tokens = late_interaction.tokenize(
-            body.inputs, ctx, role, truncation(body), "inputs", direction=body.truncation_direction
-        )
-        return Prepared(body, tokens, role)
-    tokens = inputs.tokenize_inputs(
-        body.inputs,
-        ctx,
-        truncation(body),
-        "inputs",
-        prompt=prompt_text(ctx.folder, body.prompt_name),
-        direction=body.truncation_direction,
-    )
-    values = sum(len(t.input_ids) for t in tokens) * ctx.folder.hidden_size
-    ctx.budget_response(values * outputs.JSON_FLOAT_BYTES, "inputs")
-    return Prepared(body, [t._replace(per_token=True) for t in tokens])
+    return kinds.of(ctx).embed_tokens(tei_ask(body), ctx)
 
 
-def render_embed_all(prep: Prepared[TEIEmbedAllRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+def render_embed_all(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> bytes:
     """Per input, the last hidden state of each of its tokens (special tokens included), as TEI;
     a multi-vector model's token vectors, those it scores."""
-    if prep.extra is not None:
-        return outputs.to_json(late_interaction.token_vectors(prep, outcome, ctx))
-    return outputs.to_json(list(outcome.vectors))
+    return outputs.to_json(kinds.of(ctx).token_items(prep, outcome, ctx))
 
 
 def predict_items(value: str | list[str] | list[list[str]]) -> tuple[list[TextOrPair], bool]:
@@ -112,7 +96,7 @@ def predict_items(value: str | list[str] | list[list[str]]) -> tuple[list[TextOr
     return items, single
 
 
-def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[TEIPredictRequest]:
+def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[TEIPredictRequest, bool]:
     body = inputs.parse(TEIPredictRequest, raw)
     ctx.require("/predict", *CLASSIFIERS)
     items, single = predict_items(body.inputs)
@@ -131,10 +115,10 @@ def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[TEIPredictReque
         tokens = ctx.tokenizers.encode_batch(capped, limit, direction)
     for i, tok in enumerate(tokens):
         inputs.check_length(len(tok.input_ids), ctx.folder, f"inputs[{i}]")
-    return Prepared(body, tokens, extra=single)
+    return Prepared(body, tokens, single)
 
 
-def predictions(prep: Prepared[TEIPredictRequest], outcome: Outcome, ctx: RequestContext) -> list[Any]:
+def predictions(prep: Prepared[TEIPredictRequest, bool], outcome: Outcome, ctx: RequestContext) -> list[Any]:
     """Per input, every label with its score, best first."""
     raw = prep.body.raw_scores
     scores = outputs.scores(outcome.vectors, raw)
@@ -144,26 +128,25 @@ def predictions(prep: Prepared[TEIPredictRequest], outcome: Outcome, ctx: Reques
     ]
 
 
-def render_predict(prep: Prepared[TEIPredictRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+def render_predict(prep: Prepared[TEIPredictRequest, bool], outcome: Outcome, ctx: RequestContext) -> bytes:
     """One input's list bare, as TEI answers /predict; a batch as a list of lists."""
     results = predictions(prep, outcome, ctx)
-    return outputs.to_json(results[0] if prep.extra else results)
+    return outputs.to_json(results[0] if prep.state else results)
 
 
-def render_nested_predict(prep: Prepared[TEIPredictRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
+def render_nested_predict(prep: Prepared[TEIPredictRequest, bool], outcome: Outcome, ctx: RequestContext) -> bytes:
     """POST / always nests, as the Hugging Face Inference API answers text classification."""
     return outputs.to_json(predictions(prep, outcome, ctx))
 
 
-def prepare_similarity(raw: bytes, ctx: RequestContext) -> Prepared[SimilarityRequest]:
+def prepare_similarity(raw: bytes, ctx: RequestContext) -> Prepared[SimilarityRequest, score.Pairs]:
     body = inputs.parse(SimilarityRequest, raw)
     ctx.require("/similarity", *score.SCORERS)
     options = body.parameters or TEIOptions()
     sentences = body.inputs.sentences
     if not sentences:
         raise inputs.bad_request("'inputs.sentences' must not be empty", "inputs.sentences")
-    # a multi-vector model's roles bring their own prompts (server/kinds/late_interaction.py)
-    prompt = "" if ctx.folder.kind == "multi-vector" else prompt_text(ctx.folder, options.prompt_name)
+    prompt = kinds.of(ctx).pair_prompt(ctx, options.prompt_name)
     tokens, pairs = score.tokenize_pairs(
         [prompt + body.inputs.source_sentence] * len(sentences),
         [prompt + s for s in sentences],
@@ -175,24 +158,25 @@ def prepare_similarity(raw: bytes, ctx: RequestContext) -> Prepared[SimilarityRe
     return Prepared(body, tokens, pairs)
 
 
-def render_similarity(prep: Prepared[SimilarityRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
-    return outputs.to_json([float(s) for s in score.pair_scores(outcome.vectors, prep.extra, ctx)])
+def render_similarity(prep: Prepared[SimilarityRequest, score.Pairs], outcome: Outcome, ctx: RequestContext) -> bytes:
+    return outputs.to_json([float(s) for s in score.pair_scores(outcome.vectors, prep.state, ctx)])
 
 
-def prepare_root(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
+def prepare_root(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any, Any], Render]:
     """POST / by the model's kind, as TEI routes it: an embedding model embeds (or, given
-    {"inputs": {"source_sentence", "sentences"}}, answers similarity), a classifier predicts, a
-    reranker reranks ({"query", "texts"}) or predicts. The inner request's render goes along."""
-    kind = ctx.folder.kind
+    {"inputs": {"source_sentence", "sentences"}}, answers similarity), a sparse one embeds sparse,
+    a reranker reranks ({"query", "texts"}) or predicts; anything else predicts. The inner
+    request's render goes along."""
     body = inputs.parse_object(raw)
-    prepare: Callable[[bytes, RequestContext], Prepared[Any]]
-    render: Callable[[Prepared[Any], Outcome, RequestContext], bytes]
-    if kind == "sparse":
+    prepare: Prepare
+    render: Render
+    kind = kinds.of(ctx)
+    if isinstance(kind, kinds.Sparse):
         prepare, render = sparse.prepare_embed_sparse, sparse.render_embed_sparse
-    elif kind == "embedding":
+    elif isinstance(kind, kinds.Dense):
         similarity = isinstance(body.get("inputs"), dict)
         prepare, render = (prepare_similarity, render_similarity) if similarity else (prepare_embed, render_embed)
-    elif kind == "cross-encoder" and "query" in body:
+    elif isinstance(kind, kinds.CrossEncoder) and "query" in body:
         prepare, render = score.prepare_rerank, score.render_rerank
         if "documents" in body:  # the route's answer follows the request's shape
             raise inputs.bad_request("POST / reranks TEI's shape: name the documents 'texts'", "documents")
@@ -202,9 +186,8 @@ def prepare_root(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
     return Prepared(inner, inner.tokens, render)
 
 
-def render_root(prep: Prepared[Prepared[Any]], outcome: Outcome, ctx: RequestContext) -> bytes:
-    render: Callable[[Prepared[Any], Outcome, RequestContext], bytes] = prep.extra
-    return render(prep.body, outcome, ctx)
+def render_root(prep: Prepared[Prepared[Any, Any], Render], outcome: Outcome, ctx: RequestContext) -> bytes:
+    return prep.state(prep.body, outcome, ctx)
 
 
 def info(request: Request) -> dict[str, Any]:
@@ -212,15 +195,7 @@ def info(request: Request) -> dict[str, Any]:
     svc = services(request)
     model = svc.default_model()
     folder, settings = model.folder, svc.settings
-    if folder.kind in ("embedding", "sparse", "multi-vector"):
-        pooling = {"sparse": "splade", "multi-vector": "none"}.get(folder.kind) or _TEI_POOLING.get(
-            folder.pooling, folder.pooling
-        )
-        model_type: dict[str, Any] = {"embedding": {"pooling": pooling}}
-    else:
-        labels = {str(i): label_ for i, label_ in sorted(folder.id2label.items())} or {"0": "LABEL_0"}
-        classes = {"id2label": labels, "label2id": {name: int(i) for i, name in labels.items()}}
-        model_type = {"reranker" if folder.kind == "cross-encoder" else "classifier": classes}
+    model_type = kinds.KINDS[folder.output].tei_type(folder)
     return {
         "model_id": model.name,
         "model_sha": None,

@@ -24,6 +24,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import Field
 
+from server import kinds
 from server.core import inputs, outputs
 from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
@@ -31,7 +32,6 @@ from server.core.pipeline import Prepare, Prepared, Render, answer, checked_prio
 from server.http.errors import APIError
 from server.protocols.openai import Body, openapi_body
 from server.routes import sparse, tei
-from server.routes.classify import CLASSIFIERS
 
 
 class VertexPredictRequest(Body):
@@ -65,10 +65,10 @@ def instance_pair(value: Any, where: str, pair_only: bool) -> list[str]:
     return value
 
 
-def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
+def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any, Any], Render]:
     """The body as TEI's request for the model's kind, prepared by TEI's route; its render goes along."""
     body = inputs.parse(VertexPredictRequest, raw)
-    kind = ctx.folder.kind
+    kind = kinds.of(ctx)
     parameters = dict(body.parameters or {})
     if "inputs" in parameters:
         raise inputs.bad_request("'parameters' must not carry 'inputs': give them as 'instances'", "parameters")
@@ -77,13 +77,14 @@ def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
     where = [f"instances[{i}]" for i in range(len(body.instances))]
     prepare: Prepare
     render: Render
-    if kind in CLASSIFIERS:
-        pairs = [instance_pair(v, w, kind == "cross-encoder") for v, w in zip(body.instances, where, strict=True)]
-        prepare, render = tei.prepare_predict, (render_scores if kind == "cross-encoder" else tei.render_nested_predict)
+    if isinstance(kind, kinds.Labels):
+        cross = isinstance(kind, kinds.CrossEncoder)
+        pairs = [instance_pair(v, w, cross) for v, w in zip(body.instances, where, strict=True)]
+        prepare, render = tei.prepare_predict, (render_scores if cross else tei.render_nested_predict)
         parameters["inputs"] = pairs
     else:
         texts = [instance_text(v, w) for v, w in zip(body.instances, where, strict=True)]
-        sparse_model = kind == "sparse"
+        sparse_model = isinstance(kind, kinds.Sparse)
         prepare = sparse.prepare_embed_sparse if sparse_model else tei.prepare_embed
         render = sparse.render_embed_sparse if sparse_model else tei.render_embed
         parameters["inputs"] = texts
@@ -98,13 +99,12 @@ def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any]]:
     return Prepared(inner, inner.tokens, render)
 
 
-def render_scores(prep: Prepared[Any], outcome: Outcome, ctx: RequestContext) -> bytes:
+def render_scores(prep: Prepared[Any, Any], outcome: Outcome, ctx: RequestContext) -> bytes:
     return outputs.to_json([float(s) for s in outputs.scores(outcome.vectors, prep.body.raw_scores)[:, 0]])
 
 
-def render_predict(prep: Prepared[Prepared[Any]], outcome: Outcome, ctx: RequestContext) -> bytes:
-    render: Render = prep.extra
-    return b'{"predictions":' + render(prep.body, outcome, ctx) + b"}"
+def render_predict(prep: Prepared[Prepared[Any, Any], Render], outcome: Outcome, ctx: RequestContext) -> bytes:
+    return b'{"predictions":' + prep.state(prep.body, outcome, ctx) + b"}"
 
 
 _INPUTS = re.compile(r"\binputs\b")

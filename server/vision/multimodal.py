@@ -21,11 +21,11 @@ from pydantic import Field, StrictStr
 
 from common.vision import Vision
 from common.wire import Tokens
-from server.core import inputs, outputs
-from server.core.engine_client import Outcome
+from server.core import inputs
 from server.core.inputs import RequestContext
-from server.core.pipeline import Prepared, envelope
+from server.core.pipeline import Prepared
 from server.http.errors import field_of
+from server.kinds.base import Ask
 from server.protocols.openai import Body, ContentPart, Part
 from server.vision import image_fetch, images
 from server.vision.url_images import Pending
@@ -79,7 +79,7 @@ def vision_of(ctx: RequestContext, field: str) -> Vision:
     return ctx.folder.vision
 
 
-def prepare(raw: bytes, ctx: RequestContext) -> Prepared[MultimodalRequest]:
+def prepare(raw: bytes, ctx: RequestContext) -> Prepared[Ask, Encoded]:
     body = inputs.parse(MultimodalRequest, raw)
     takes_images = body.messages is not None or body.modality == "image"
     ctx.select_model(image_model(ctx) if body.model is None and takes_images else body.model)
@@ -99,7 +99,9 @@ def prepare(raw: bytes, ctx: RequestContext) -> Prepared[MultimodalRequest]:
         if not sources:
             raise inputs.bad_request("'input' must not be empty", "input")
         items = [(body.modality, s) for s in sources]
-    return Prepared(body, encode(items, ctx, field, body.truncate_prompt_tokens).tokens)
+    encoded = encode(items, ctx, field, body.truncate_prompt_tokens)
+    ask = Ask(None, field, dimensions=body.dimensions, base64=body.encoding_format == "base64", request=body)
+    return Prepared(ask, encoded.tokens, encoded)
 
 
 def conversation(messages: list[dict[str, Any]], where: str) -> Item:
@@ -179,19 +181,6 @@ def encode(items: list[Item], ctx: RequestContext, field: str, truncate: int | N
             out[i], picture = images.image_input(data, vision, ctx.settings, wheres[i])
             pictures.append(picture)
     return Encoded([t for t in out if t is not None], pictures)
-
-
-def vectors(prep: Prepared[Any], outcome: Outcome, ctx: RequestContext, dimensions: int | None) -> Any:
-    return outputs.embeddings(outcome.vectors, dimensions, ctx.folder.normalize)
-
-
-def render(prep: Prepared[MultimodalRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
-    fmt = prep.body.encoding_format
-    data = [
-        {"object": "embedding", "index": i, "embedding": outputs.encode_vector(v, fmt)}
-        for i, v in enumerate(vectors(prep, outcome, ctx, prep.body.dimensions))
-    ]
-    return outputs.to_json(envelope("embd", ctx, data=data, usage=prep.usage()))
 
 
 def cohere_items(

@@ -1,0 +1,48 @@
+"""Sequence classifiers (a label per input, its probabilities) and cross-encoders (a score per
+(query, document) pair, from one forward of the pair): the engine's rows are the head's logits."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from common.modelfolder import ModelFolder
+from common.wire import Tokens
+from server.core import outputs
+from server.core.inputs import RequestContext
+from server.kinds.base import OutputKind
+from server.kinds.pairs import Pairs, encode_pairs
+from server.tokenizing.tokenizer import Direction
+
+
+def label(ctx: RequestContext, index: int) -> str:
+    return ctx.folder.id2label.get(index, f"LABEL_{index}")
+
+
+class Labels(OutputKind):
+    name = "labels"
+    capabilities: ClassVar[tuple[str, ...]] = ("classify",)
+
+
+class CrossEncoder(Labels):
+    name = "cross-encoder"
+    capabilities: ClassVar[tuple[str, ...]] = ("rerank",)
+
+    def tei_type(self, folder: ModelFolder) -> dict[str, Any]:
+        return {"reranker": super().tei_type(folder)["classifier"]}
+
+    def pairs(
+        self,
+        lefts: list[str],
+        rights: list[str],
+        ctx: RequestContext,
+        truncate: int | None,
+        fields: tuple[str, str],
+        direction: Direction = "right",
+    ) -> tuple[list[Tokens], Pairs]:
+        return encode_pairs(lefts, rights, ctx, truncate, fields, direction, cross=True)
+
+    def scores(self, vectors: Any, pairs: Pairs, ctx: RequestContext, raw: bool = False) -> np.ndarray:
+        """Logits when `raw`, else the sigmoid, as CrossEncoder.predict gives them."""
+        return outputs.scores(vectors, raw)[:, 0]
