@@ -24,6 +24,7 @@ from server.tokenizing.tokenizer import Direction
 
 _TEI_POOLING = {"lasttoken": "last_token"}  # TEI's names where they differ from ours
 
+
 def check_no_sparse_options(ask: Ask) -> None:
     """top_k and threshold prune sparse weights: a 400 on a model without them."""
     for name in ("top_k", "threshold"):
