@@ -83,7 +83,7 @@ def prepare_embed_all(raw: bytes, ctx: RequestContext) -> Prepared[TEIEmbedAllRe
     )
     values = sum(len(t.input_ids) for t in tokens) * ctx.folder.hidden_size
     ctx.budget_response(values * outputs.JSON_FLOAT_BYTES, "inputs")
-    return Prepared(body, [t._replace(per_token=True) for t in tokens])
+    return Prepared(body, [t._replace(head="tokens") for t in tokens])
 
 
 def render_embed_all(prep: Prepared[TEIEmbedAllRequest], outcome: Outcome, ctx: RequestContext) -> bytes:
