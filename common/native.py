@@ -1,29 +1,54 @@
 """Which folders a native engine family serves without transformers (no torch): the families by
-model_type, and what their configs must say for the native module to compute what transformers does."""
+model_type (architectures, and the engine module that loads them), and what their configs must say for
+the native module to compute what transformers does."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Kind = Literal["embedding", "classification", "cross-encoder", "sparse", "multi-vector"]
 
-# model_type -> (architectures served as embedding models, as classifiers) by a native engine
-# family; engine.families.LOADERS has a loader for each.
-NATIVE_FAMILIES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    family: (frozenset({f"{name}Model", f"{name}ForMaskedLM", *extra}), frozenset({f"{name}ForSequenceClassification"}))
-    for family, name, extra in (
-        ("bert", "Bert", ["BertForPreTraining", "HF_ColBERT"]),  # HF_ColBERT: Stanford-NLP's ColBERT
-        ("roberta", "Roberta", []),
-        ("xlm-roberta", "XLMRoberta", []),
-        ("mpnet", "MPNet", []),
-        ("modernbert", "ModernBert", []),
-    )
+
+class Family(NamedTuple):
+    """A model_type a native engine module serves, and the first architectures it serves it for."""
+
+    module: str  # the engine module that loads it (its `load`), dotted: engine.families imports it
+    embedders: frozenset[str]  # served as embedding and multi-vector models
+    classifiers: frozenset[str] = frozenset()  # served as classifiers and cross-encoders
+    sparse: frozenset[str] = frozenset()  # masked LMs served with SPLADE pooling (engine.heads.sparse)
+
+
+def _encoder(module: str, name: str, *extra: str, sparse: frozenset[str] = frozenset()) -> Family:
+    """A BERT-style encoder's: its base model and masked LM as embedders, its sequence classifier."""
+    embedders = frozenset({f"{name}Model", f"{name}ForMaskedLM", *extra})
+    return Family(f"engine.families.{module}", embedders, frozenset({f"{name}ForSequenceClassification"}), sparse)
+
+
+# The one registry of native families: model_type -> its module and architectures. The HTTP side reads it
+# (which folders are native), engine.families loads by it; a family module serves one or more model_types.
+NATIVE_FAMILIES: dict[str, Family] = {
+    # HF_ColBERT: Stanford-NLP's ColBERT; SPLADE on BERT's masked-LM head
+    "bert": _encoder("bert", "Bert", "BertForPreTraining", "HF_ColBERT", sparse=frozenset({"BertForMaskedLM"})),
+    "roberta": _encoder("xlm_roberta", "Roberta"),
+    "xlm-roberta": _encoder("xlm_roberta", "XLMRoberta"),
+    "mpnet": _encoder("mpnet", "MPNet"),
+    "modernbert": _encoder("modernbert", "ModernBert"),
+    # EmbeddingGemma: embeddings only
+    "gemma3_text": Family("engine.families.gemma3", frozenset({"Gemma3TextModel"})),
+    # NomicBERT and GTE, one module: encoders only
+    "nomic_bert": Family("engine.families.nomic_gte", frozenset({"NomicBertModel", "NomicBertForMaskedLM"})),
+    "gte": Family("engine.families.nomic_gte", frozenset({"GteModel", "GteForMaskedLM"})),
+    # Qwen3-Embedding (its config names Qwen3ForCausalLM, its weights are Qwen3Model's) and, as a "classifier",
+    # a Qwen3ForCausalLM folder that common.causal_reranker makes a yes/no reranker
+    "qwen3": Family(
+        "engine.families.qwen3", frozenset({"Qwen3Model", "Qwen3ForCausalLM"}), frozenset({"Qwen3ForCausalLM"})
+    ),
+    # CLIP and SigLIP: both towers and their projections (common.vision reads the rest)
+    "clip": Family("engine.families.clip", frozenset({"CLIPModel"})),
+    "siglip": Family("engine.families.clip", frozenset({"SiglipModel"})),
 }
-NATIVE_FAMILIES["gemma3_text"] = (frozenset({"Gemma3TextModel"}), frozenset())  # EmbeddingGemma: embeddings only
-# NomicBERT and GTE (engine.families.nomic_gte): encoders only
-NATIVE_FAMILIES["nomic_bert"] = (frozenset({"NomicBertModel", "NomicBertForMaskedLM"}), frozenset())
-NATIVE_FAMILIES["gte"] = (frozenset({"GteModel", "GteForMaskedLM"}), frozenset())
+
 # The original nomic-bert config's switches (real nomic-embed folders carry them), at the values
 # engine.families.nomic_gte computes: absent, or these.
 NOMIC_SWITCHES: dict[str, Any] = {
@@ -40,14 +65,6 @@ NOMIC_SWITCHES: dict[str, Any] = {
     "rotary_emb_scale_base": None,
     "rotary_scaling_factor": None,
 }
-# Qwen3-Embedding (its config names Qwen3ForCausalLM, its weights are Qwen3Model's) and, as a "classifier",
-# a Qwen3ForCausalLM folder that common.causal_reranker makes a yes/no reranker
-NATIVE_FAMILIES["qwen3"] = (frozenset({"Qwen3Model", "Qwen3ForCausalLM"}), frozenset({"Qwen3ForCausalLM"}))
-# CLIP and SigLIP (engine.families.clip): both towers and their projections (common.vision reads the rest)
-NATIVE_FAMILIES["clip"] = (frozenset({"CLIPModel"}), frozenset())
-NATIVE_FAMILIES["siglip"] = (frozenset({"SiglipModel"}), frozenset())
-# Masked-LM architectures a native family serves with SPLADE pooling (engine.heads.sparse): BERT's head.
-SPARSE_NATIVE: dict[str, frozenset[str]] = {"bert": frozenset({"BertForMaskedLM"})}
 # What a family's config must say besides for its native module to compute what transformers does.
 NATIVE_ONLY_IF: dict[str, Callable[[dict[str, Any]], bool]] = {
     # bidirectional (EmbeddingGemma): a causal Gemma 3 is left to transformers, as is attention
@@ -67,13 +84,12 @@ def native_model(config: dict[str, Any], kind: Kind, safetensors: bool) -> bool:
     family = NATIVE_FAMILIES.get(str(config.get("model_type")))
     if family is None:
         return False
-    embedders, classifiers = family
     architecture = (config.get("architectures") or [None])[0]
-    wanted: set[str | None] | frozenset[str] = classifiers
+    wanted: set[str | None] | frozenset[str] = family.classifiers
     if kind in ("embedding", "multi-vector"):
-        wanted = {*embedders, None}
+        wanted = {*family.embedders, None}
     elif kind == "sparse":
-        wanted = SPARSE_NATIVE.get(str(config.get("model_type")), frozenset())
+        wanted = family.sparse
     activations = {config.get(key, "gelu") for key in ("hidden_act", "hidden_activation", "classifier_activation")}
     rope = config.get("rope_parameters") or {}  # flat, or one dict per layer type (ModernBERT)
     return (

@@ -4,11 +4,21 @@ Messages are `(kind, body)` tuples pickled with plain pickle:
 - to the engine: SUBMIT `[(key, Tokens), ...]`, CANCEL `[key, ...]`, STOP `None`;
 - from the engine while starting: LOADED `{detail}`, READY `{detail}`, or FAILED
   `("one-line reason", traceback or None)`; then, per group of inputs run, RESULT
-  `([key, ...], float32 array [n, dims], batch stats dict)` (for `per_token` inputs, a list of
-  float32 arrays [tokens, hidden], one per key; for inputs naming `outputs`, a dict of arrays
-  per key) or ERROR `([key, ...], "reason")`, and
+  `([key, ...], answers, batch stats dict)` or ERROR `([key, ...], "reason")`, and
   CANCELLED `None` once it has dropped the inputs of a CANCEL; COMPILE `{detail}` whenever its
   compiled forward's state changes (engine/compiling/compilation.py), while starting or serving.
+
+What the engine answers for an input is named by its head, `Tokens.head` (engine/heads/__init__.py
+registers them; "" is the model's default, decided once at load from its folder):
+- `pooled` (the default, but for multi-vector models): the model's row per input: the pooled (and
+  Dense) vector of an embedder, the logits of a classifier or cross-encoder, a sparse model's SPLADE
+  weights; float32 [dims];
+- `tokens` (a multi-vector model's default): every token's row: an embedder's last hidden state
+  (TEI's /embed_all, late chunking), a ColBERT's normalised token vectors; float32 [tokens, dims];
+- `m3`: bge-m3's outputs that `Tokens.outputs` names (common.m3.OUTPUTS): a dict of arrays.
+A group whose inputs all name one head answers as that head does (the pooled head: one float32
+array [n, dims]; the others: a list, one answer per key); a group mixing heads answers a list, each
+input's answer in its key's place.
 """
 
 from __future__ import annotations
@@ -39,10 +49,10 @@ class Tokens(NamedTuple):
 
     input_ids: list[int]
     token_type_ids: list[int] | None = None
-    per_token: bool = False  # answer every token's vector (TEI's /embed_all), not the pooled one
+    head: str = ""  # what the engine answers for it (the docstring above); "": the model's default head
     priority: int = 0  # the request's priority: lower runs first (vLLM's `priority`)
     keys: int = 0  # attend to the first `keys` tokens only (a ColBERT query's padding masks); 0: all
-    outputs: tuple[str, ...] = ()  # bge-m3's outputs asked for (common.m3.OUTPUTS); (): the pooled row
+    outputs: tuple[str, ...] = ()  # the m3 head's option: bge-m3's outputs asked for (common.m3.OUTPUTS)
     # an image for a CLIP/SigLIP model's image tower: uint8 [3, S, S], resized and cropped (server/vision/images.py;
     # the engine rescales and normalises it, engine/layers/pixels.py);
     # input_ids then hold one placeholder per position the tower computes on, so that batching, load

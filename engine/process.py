@@ -17,8 +17,9 @@ from typing import Any
 from common.folderjson import ModelError
 from common.modelfiles import weight_files
 from common.modelfolder import read_model_folder
-from common.wire import EngineSpec, Keyed, Msg, Tokens, send
+from common.wire import EngineSpec, Keyed, Msg, send
 from engine.compiling.compilation import Compilation
+from engine.heads import answer
 from engine.layers.checkpoint import refuse_pickles
 from engine.runtime.batching import GROUP_TOKENS, Pending, split_by_length, split_by_urgency, split_packed
 from engine.runtime.device import memory_detail, place
@@ -225,7 +226,7 @@ def _run_batch(
         share.working()
         t0 = time.perf_counter()
         try:
-            vectors = _forward(model, [tokens for _, tokens in group])
+            vectors = answer(model, [tokens for _, tokens in group])  # each input's head's answer
         except Exception as exc:  # a bad batch fails its requests, not the engine
             send(conn, (Msg.ERROR, ([key for key, _ in group], f"{type(exc).__name__}: {exc}")))
             continue
@@ -245,20 +246,6 @@ def _run_batch(
             ),
         )
     return True
-
-
-def _forward(model: PoolingModel, items: list[Tokens]) -> Any:
-    """Pooled rows, each input's token vectors where the request asked for them, or bge-m3's
-    outputs where it named them (a group holds one kind or, rarely, several: then each kind runs
-    on its own)."""
-    modes = ["forward_outputs" if item.outputs else "forward_tokens" if item.per_token else "forward" for item in items]
-    if len(set(modes)) == 1:
-        return getattr(model, modes[0])(items)
-    answers = {
-        mode: iter(getattr(model, mode)([item for item, m in zip(items, modes, strict=True) if m == mode]))
-        for mode in set(modes)
-    }
-    return [next(answers[mode]) for mode in modes]
 
 
 def _tokens(group: list[Keyed], packed: bool) -> int:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common.native import NATIVE_FAMILIES, SPARSE_NATIVE
+from common.native import NATIVE_FAMILIES
 from common.settings import Settings
 from common.startup import StartupState
 from orchestrator.cli_help import GROUPS, default_text, render
@@ -108,9 +108,9 @@ def routes_page(spec: dict[str, Any]) -> str:
 def families_table() -> str:
     lines = ["| `model_type` | embedding and multi-vector architectures | classifier architectures | sparse (SPLADE) |"]
     lines.append("|---|---|---|---|")
-    for family, (embedders, classifiers) in NATIVE_FAMILIES.items():
-        sparse = SPARSE_NATIVE.get(family, frozenset())
-        cells = [", ".join(f"`{a}`" for a in sorted(names)) or "—" for names in (embedders, classifiers, sparse)]
+    for family, served in NATIVE_FAMILIES.items():
+        columns = (served.embedders, served.classifiers, served.sparse)
+        cells = [", ".join(f"`{a}`" for a in sorted(names)) or "—" for names in columns]
         lines.append(f"| `{family}` | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 

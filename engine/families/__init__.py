@@ -1,14 +1,18 @@
-"""Which native module serves a model_type: the registry common.native.NATIVE_FAMILIES mirrors."""
+"""Which native module serves a model_type: the one named in common.native.NATIVE_FAMILIES (the HTTP side
+reads that table without torch), each imported here, so that the forkserver has them all before any fork."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from engine.families import bert, clip, gemma3, modernbert, mpnet, nomic_gte, qwen3, xlm_roberta
+from common.native import NATIVE_FAMILIES
+from engine.families import qwen3
 
 
 class Loader(Protocol):
@@ -22,18 +26,9 @@ class Loader(Protocol):
     ) -> nn.Module: ...
 
 
-LOADERS: dict[str, Loader] = {
-    "bert": bert.load,
-    "roberta": xlm_roberta.load,
-    "xlm-roberta": xlm_roberta.load,
-    "mpnet": mpnet.load,
-    "modernbert": modernbert.load,
-    "gemma3_text": gemma3.load,
-    "nomic_bert": nomic_gte.load,
-    "gte": nomic_gte.load,
-    "qwen3": qwen3.load,
-    "clip": clip.load,
-    "siglip": clip.load,
+# dotted name -> the family module, each `load` a Loader
+MODULES: dict[str, ModuleType] = {
+    family.module: importlib.import_module(family.module) for family in NATIVE_FAMILIES.values()
 }
 
 
@@ -65,4 +60,5 @@ def load(
     With score_tokens (a yes/no reranker) the logits are one column: l_yes - l_no."""
     if score_tokens is not None:
         return SCORERS[str(config["model_type"])](folder, config, score_tokens, device, dtype)
-    return LOADERS[str(config["model_type"])](folder, config, num_labels, device, dtype)
+    loader: Loader = MODULES[NATIVE_FAMILIES[str(config["model_type"])].module].load
+    return loader(folder, config, num_labels, device, dtype)

@@ -12,7 +12,7 @@ from common.folderjson import ModelError
 from common.modelfolder import ModelFolder
 from common.wire import Tokens
 from engine.families import clip
-from engine.heads import dense, m3, multivector, sparse
+from engine.heads import answer, default_head, dense, m3, multivector, sparse
 from engine.heads.pooling import pool, pool_packed
 from engine.layers.packed import Packed
 from engine.precision import int8, rows
@@ -52,6 +52,7 @@ class PoolingModel:
         # bge-m3's heads: small (hidden x (1 + hidden)), loaded here rather than in the forkserver
         loadable = info.m3 is not None and (allow_pickles or not info.m3.pickled)
         self.m3 = m3.load(info.m3, info.hidden_size, device, dtype) if loadable and info.m3 else None
+        self.default_head = default_head(info)  # what an input naming no head gets (engine/heads)
 
     def _run(self, packed: Packed) -> torch.Tensor:
         if self.compiled is None or packed.keys is not None:  # the compiled graph attends to every token
@@ -142,8 +143,7 @@ class PoolingModel:
         """Pay first-call costs before readiness flips, with small shapes; price a call and a token
         (engine/runtime/warmup.py): the batcher weighs the per-call overhead against padding when it splits
         a padded batch, and the cost per token sizes the stall watchdog's default timeout."""
-        forward = self.forward_tokens if self.info.kind == "multi-vector" else self.forward
-        warmup = warm_up(forward, self.model, self.pad_id + 1, self.placement.device)
+        warmup = warm_up(lambda items: answer(self, items), self.model, self.pad_id + 1, self.placement.device)
         if self.info.vision is not None:  # and the image tower, with one image
             warmup.detail["image_forward_ms"] = clip.warm_image(self.model, self.info.vision)
         return warmup

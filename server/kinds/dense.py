@@ -114,7 +114,7 @@ class Dense(OutputKind):
         )
         values = sum(len(t.input_ids) for t in tokens) * ctx.folder.hidden_size
         ctx.budget_response(values * outputs.JSON_FLOAT_BYTES, ask.field)
-        return Prepared(ask, [t._replace(per_token=True) for t in tokens])
+        return Prepared(ask, [t._replace(head="tokens") for t in tokens])
 
     def token_items(self, prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> list[np.ndarray]:
         return list(outcome.vectors)

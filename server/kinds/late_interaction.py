@@ -90,7 +90,7 @@ def tokenize(
             ids = ids + [found.mask] * (late.query_length - len(ids))
         inputs.check_length(len(ids), ctx.folder, f"{field}[{i}]" if len(tokens) > 1 else field)
         types = None if tok.token_type_ids is None else [0] * len(ids)
-        marked.append(Tokens(ids, types, per_token=True, priority=tok.priority, keys=keys))
+        marked.append(Tokens(ids, types, priority=tok.priority, keys=keys))  # default head: tokens
     if vectors:
         size = sum(len(t.input_ids) for t in marked) * ctx.folder.dimensions * outputs.JSON_FLOAT_BYTES
         ctx.budget_response(size, field)

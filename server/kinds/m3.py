@@ -50,7 +50,7 @@ def marked(tokens: list[Tokens], wanted: tuple[str, ...], ctx: RequestContext, f
     if "sparse" in wanted:
         size += sum(counts) * outputs.ENTRY_BYTES
     ctx.budget_response(size, field)
-    return [t._replace(outputs=wanted) for t in tokens]
+    return [t._replace(head="m3", outputs=wanted) for t in tokens]
 
 
 def lexical(weights: np.ndarray, ids: list[int], unused: frozenset[int], options: SparseOptions) -> dict[str, Any]:

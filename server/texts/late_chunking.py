@@ -66,7 +66,7 @@ def tokenize(value: object, ctx: RequestContext, prompt: str, field: str = "inpu
         first = min(empty)
         raise inputs.bad_request(f"{field}[{first}] holds no token of its own: it cannot be pooled", field)
     ctx.admit(len(windows), field)  # the rest of the permits: one per window
-    return [tokens._replace(per_token=True) for tokens, _ in windows], late
+    return [tokens._replace(head="tokens") for tokens, _ in windows], late
 
 
 def _owners(offsets: list[int | None], starts: list[int], prompt_chars: int) -> list[int]:

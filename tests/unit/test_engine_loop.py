@@ -71,6 +71,7 @@ class FakeModel:
     """Stands in for a packed PoolingModel: one zero vector per input."""
 
     packed = True
+    default_head = "pooled"
 
     def forward(self, items: list[Tokens]) -> np.ndarray:
         return np.zeros((len(items), 2), dtype=np.float32)

@@ -182,16 +182,18 @@ def test_per_token_outcome_keeps_each_inputs_rows() -> None:
 def test_a_group_mixing_pooled_and_per_token_inputs_answers_each_in_its_place() -> None:
     """The engine runs each kind on its own and puts every answer back at its input's position."""
     from common.wire import Tokens
-    from engine.process import _forward
+    from engine.heads import answer
 
     class Model:
+        default_head = "pooled"
+
         def forward(self, items: list[Tokens]) -> np.ndarray:
             return np.array([[len(t.input_ids)] for t in items], dtype=np.float32)
 
         def forward_tokens(self, items: list[Tokens]) -> list[np.ndarray]:
             return [np.zeros((len(t.input_ids), 1)) for t in items]
 
-    items = [Tokens([1, 2]), Tokens([1, 2, 3], per_token=True), Tokens([1])]
-    out = _forward(Model(), items)  # type: ignore[arg-type]
+    items = [Tokens([1, 2]), Tokens([1, 2, 3], head="tokens"), Tokens([1])]
+    out = answer(Model(), items)  # type: ignore[arg-type]
     assert [np.shape(o) for o in out] == [(1,), (3, 1), (1,)]
     assert [float(out[0][0]), float(out[2][0])] == [2.0, 1.0]
