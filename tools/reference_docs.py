@@ -19,6 +19,7 @@ from common.native import NATIVE_FAMILIES
 from common.settings import Settings
 from common.startup import StartupState
 from orchestrator.cli_help import GROUPS, default_text, render
+from server import kinds
 from server.core.services import Services
 from server.http.app import create_app
 from server.http.metrics import Metrics
@@ -124,6 +125,26 @@ def families_page() -> str:
     )
 
 
+def kinds_page() -> str:
+    """The output kinds, from their registry (server/kinds/)."""
+    lines = [
+        GENERATED + "# Output kinds",
+        "",
+        "What a model answers, decided once when its folder is read; each kind is one module in",
+        "`server/kinds/`. [Models](../models.md) says which folders are which kind, [the API](../api.md) which",
+        "routes answer it.",
+        "",
+        "| kind | what | module | Infinity capabilities | images |",
+        "|---|---|---|---|---|",
+    ]
+    for name, kind in kinds.KINDS.items():
+        what = " ".join((type(kind).__doc__ or "").split())
+        module = "`" + type(kind).__module__.replace(".", "/") + ".py`"
+        capabilities = ", ".join(kind.capabilities) or "—"
+        lines.append(f"| `{name}` | {what} | {module} | {capabilities} | {'yes' if kind.takes_images else '—'} |")
+    return "\n".join(lines) + "\n"
+
+
 def readme(current: str) -> str:
     """README with its families table between the markers made anew."""
     pattern = re.compile(re.escape(FAMILIES_START) + r".*?" + re.escape(FAMILIES_END), re.S)
@@ -140,6 +161,7 @@ def pages() -> dict[Path, Callable[[], str]]:
         REFERENCE / "routes.md": lambda: routes_page(spec),
         REFERENCE / "openapi.json": lambda: json.dumps(spec, indent=1, sort_keys=True) + "\n",
         REFERENCE / "families.md": families_page,
+        REFERENCE / "kinds.md": kinds_page,
         Path("README.md"): lambda: readme((ROOT / "README.md").read_text()),
     }
 

@@ -65,6 +65,9 @@ def windowed(ask: Ask, ctx: RequestContext, prompt: str) -> tuple[list[Tokens], 
 
 
 class Dense(OutputKind):
+    """One vector per input, pooled as the model's modules say; long inputs as windows or late chunks;
+    Matryoshka `dimensions`; pairs scored by the cosine."""
+
     name = "dense"
     capabilities: ClassVar[tuple[str, ...]] = ("embed",)
 

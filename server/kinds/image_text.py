@@ -35,6 +35,8 @@ def shared_space_pairs(
 
 
 class ImageText(Dense):
+    """CLIP and SigLIP: texts and images, each through its tower, into one space; pairs scored by the cosine."""
+
     name = "image-text"
     takes_images: ClassVar[bool] = True
 

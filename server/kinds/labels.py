@@ -21,11 +21,15 @@ def label(ctx: RequestContext, index: int) -> str:
 
 
 class Labels(OutputKind):
+    """A sequence classifier: the head's logits per input, as labels and their probabilities."""
+
     name = "labels"
     capabilities: ClassVar[tuple[str, ...]] = ("classify",)
 
 
 class CrossEncoder(Labels):
+    """A reranker: a (query, document) pair's score from one forward of the pair."""
+
     name = "cross-encoder"
     capabilities: ClassVar[tuple[str, ...]] = ("rerank",)
 

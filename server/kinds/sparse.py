@@ -51,6 +51,8 @@ def weights(
 
 
 class Sparse(OutputKind):
+    """SPLADE: each input's non-zero vocabulary weights as {indices, values}; pairs scored by the dot product."""
+
     name = "sparse"
     capabilities: ClassVar[tuple[str, ...]] = ("embed",)
 
