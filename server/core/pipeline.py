@@ -37,8 +37,7 @@ S = TypeVar("S")
 
 @dataclass
 class Prepared(Generic[B, S]):
-    """A request ready for the engine: its body, its engine inputs, and what its render needs to
-    map the rows back (windows, a kind's own state; None where nothing is)."""
+    """A request ready for the engine: its body, its inputs, and its state (what render maps rows back by)."""
 
     body: B
     tokens: list[Tokens]
