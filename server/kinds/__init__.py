@@ -8,11 +8,11 @@ from server.core.inputs import RequestContext
 from server.kinds.base import OutputKind
 from server.kinds.dense import Dense
 from server.kinds.image_text import ImageText
+from server.kinds.inference_free_sparse import InferenceFreeSparse
 from server.kinds.labels import CrossEncoder, Labels
-from server.kinds.late_interaction import MultiVector
 from server.kinds.m3 import M3
+from server.kinds.multi_vector import MultiVector
 from server.kinds.sparse import Sparse
-from server.kinds.static_sparse import InferenceFreeSparse
 
 KINDS: dict[str, OutputKind] = {
     kind.name: kind

@@ -21,7 +21,7 @@ from engine.runtime.model import PoolingModel
 from server.core.inputs import RequestContext
 from server.core.services import ServedModel
 from server.http.errors import APIError
-from server.kinds import late_interaction
+from server.kinds import multi_vector
 from server.tokenizing.tokenizer import TokenizerPool
 from tests.tiny_models import build_colbert, build_multi_vector_encoder, build_stanford_colbert
 
@@ -48,11 +48,11 @@ def context(folder: Path) -> RequestContext:
     return RequestContext(model=served, served={"colbert": served}, settings=Settings())
 
 
-def encoded(folder: Path, texts: list[str], role: late_interaction.Role) -> list[np.ndarray]:
+def encoded(folder: Path, texts: list[str], role: multi_vector.Role) -> list[np.ndarray]:
     ctx = context(folder)
-    tokens = late_interaction.tokenize(texts, ctx, role, truncate=-1)
+    tokens = multi_vector.tokenize(texts, ctx, role, truncate=-1)
     rows = PoolingModel(ctx.folder, threads=1).forward_tokens(tokens)
-    return [late_interaction.kept(r, t, role, ctx) for r, t in zip(rows, tokens, strict=True)]
+    return [multi_vector.kept(r, t, role, ctx) for r, t in zip(rows, tokens, strict=True)]
 
 
 def reference(folder: Path) -> Any:
@@ -76,7 +76,7 @@ def test_a_colbert_folder_is_a_native_multi_vector_model(folder: Path) -> None:
 
 
 @pytest.mark.parametrize("role", ["query", "document"])
-def test_token_vectors_match_the_multi_vector_encoder(folder: Path, role: late_interaction.Role) -> None:
+def test_token_vectors_match_the_multi_vector_encoder(folder: Path, role: multi_vector.Role) -> None:
     """Each query's vectors (as many as its length, masks included) and each document's vectors
     without punctuation equal MultiVectorEncoder.encode_query / encode_document within 1e-5, texts
     cut at their length."""
@@ -97,7 +97,7 @@ def test_token_vectors_match_the_multi_vector_encoder(folder: Path, role: late_i
 def test_maxsim_matches_the_multi_vector_encoder(folder: Path) -> None:
     """MaxSim of every query against every document is MultiVectorEncoder.similarity's."""
     queries, documents = encoded(folder, QUERIES, "query"), encoded(folder, DOCUMENTS, "document")
-    got = np.array([[late_interaction.maxsim(q, d) for d in documents] for q in queries])
+    got = np.array([[multi_vector.maxsim(q, d) for d in documents] for q in queries])
     model = reference(folder)
     expected = model.similarity(model.encode_query(QUERIES), model.encode_document(DOCUMENTS)).numpy()
     np.testing.assert_allclose(got, expected, atol=1e-4)
@@ -107,10 +107,10 @@ def test_maxsim_matches_the_multi_vector_encoder(folder: Path) -> None:
 def test_a_role_outside_query_and_document_is_a_400(folder: Path) -> None:
     """prompt_name or input_type naming neither role is refused, naming the field; none is a document."""
     ctx = context(folder)
-    assert late_interaction.role_of(ctx) == "document"
-    assert late_interaction.role_of(ctx, input_type="search_query") == "query"
+    assert multi_vector.role_of(ctx) == "document"
+    assert multi_vector.role_of(ctx, input_type="search_query") == "query"
     with pytest.raises(APIError) as refused:
-        late_interaction.role_of(ctx, prompt_name="classification")
+        multi_vector.role_of(ctx, prompt_name="classification")
     assert refused.value.status == 400 and refused.value.param == "prompt_name"
 
 
@@ -126,7 +126,7 @@ def test_scoring_takes_a_permit_per_list_and_no_response_budget(folder: Path) ->
     tokens, _ = score.tokenize_pairs(QUERIES[:2] * 2, DOCUMENTS * 1, ctx, -1, ("text_1", "text_2"))
     assert len(tokens) == ctx.admitted == 2 + len(DOCUMENTS)
     with pytest.raises(APIError) as refused:  # the same inputs' vectors would not fit
-        late_interaction.tokenize(DOCUMENTS, ctx, "document", truncate=-1)
+        multi_vector.tokenize(DOCUMENTS, ctx, "document", truncate=-1)
     assert "WARMPOOL_MAX_RESPONSE_BYTES" in refused.value.message
 
 

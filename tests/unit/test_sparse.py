@@ -99,7 +99,7 @@ def test_an_inference_free_router_folder_serves_documents_by_the_model_and_queri
 
     from server.core.inputs import RequestContext
     from server.core.services import ServedModel
-    from server.kinds import static_sparse
+    from server.kinds import inference_free_sparse
     from tests.tiny_models import build_inference_free
 
     folder = build_inference_free(tmp_path / "inference-free", model_dir)
@@ -115,7 +115,7 @@ def test_an_inference_free_router_folder_serves_documents_by_the_model_and_queri
 
     served = ServedModel("free", info, TokenizerPool(info.path), engine=None)  # type: ignore[arg-type]
     ctx = RequestContext(model=served, served={"free": served}, settings=Settings())
-    queries = static_sparse.rows(TEXTS[1:4], ctx, "input").rows
+    queries = inference_free_sparse.rows(TEXTS[1:4], ctx, "input").rows
     expected = reference.encode_query(TEXTS[1:4], convert_to_tensor=True).to_dense().numpy()
     np.testing.assert_allclose(queries, expected, atol=1e-5, rtol=0)
     assert (queries > 0).sum() > 5

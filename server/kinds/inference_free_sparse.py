@@ -18,7 +18,7 @@ from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared
 from server.kinds.base import Ask
-from server.kinds.late_interaction import role_of
+from server.kinds.multi_vector import role_of
 from server.kinds.pairs import Pairs
 from server.kinds.sparse import Sparse
 from server.tokenizing.tokenizer import Direction
