@@ -78,6 +78,10 @@ class OutputKind:
         """One item per input, from the engine's rows (or from the state alone, where no engine ran)."""
         raise NotImplementedError
 
+    def lexical(self, prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> list[dict[str, Any]]:
+        """Each input's sparse weights as {indices, values} (TEI's /embed_sparse)."""
+        raise NotImplementedError
+
     def embed_tokens(self, ask: Ask, ctx: RequestContext) -> Prepared[Ask, Any]:
         """The inputs for every token's vector (TEI's /embed_all, vLLM's token_embed)."""
         raise NotImplementedError

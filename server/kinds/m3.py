@@ -141,3 +141,6 @@ class M3(Dense):
         if not isinstance(prep.state, Asked):
             return super().items(prep, outcome, ctx)
         return answers(outcome.vectors, prep.tokens, prep.state.windows, prep.body.sparse, ctx)
+
+    def lexical(self, prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> list[dict[str, Any]]:
+        return [item["sparse"] for item in self.items(prep, outcome, ctx)]

@@ -88,6 +88,9 @@ class Sparse(OutputKind):
         found = weights(self.rows(prep, outcome), prep.body.sparse, ctx, prep.body.field)
         return [{"embedding": {"indices": indices, "values": values}} for indices, values in found]
 
+    def lexical(self, prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> list[dict[str, Any]]:
+        return [item["embedding"] for item in self.items(prep, outcome, ctx)]
+
     def pairs(
         self,
         lefts: list[str],

@@ -43,7 +43,7 @@ def prepare_embed_sparse(raw: bytes, ctx: RequestContext) -> Prepared[Ask, Any]:
 
 def render_embed_sparse(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> bytes:
     """TEI's shape."""
-    found = [item.get("sparse") or item["embedding"] for item in kinds.of(ctx).items(prep, outcome, ctx)]
+    found = kinds.of(ctx).lexical(prep, outcome, ctx)
     return outputs.to_json(
         [[{"index": i, "value": v} for i, v in zip(w["indices"], w["values"], strict=True)] for w in found]
     )
