@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import API_KEY
 from tests.server_process import ServerProcess
-from tests.test_errors import assert_openai_error
+from tests.app.test_errors import assert_openai_error
 
 TEXTS = ["I loved this film.", "It was fine, I guess.", "Terrible service, never again!", "", "ok"]
 QUERY = "Where is the Eiffel Tower?"
