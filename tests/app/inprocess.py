@@ -63,7 +63,7 @@ def settings_for(model: Path | str, **overrides: Any) -> Settings:
 
 
 @contextlib.contextmanager
-def serving_in_process(model: Path | str, **overrides: Any) -> Iterator[InProcessServer]:
+def serving(model: Path | str, **overrides: Any) -> Iterator[InProcessServer]:
     """The app serving `model` (and WARMPOOL_MODELS' others) until the block ends; then every
     engine is told to stop and its thread joined."""
     settings = settings_for(model, **overrides)
@@ -81,6 +81,9 @@ def serving_in_process(model: Path | str, **overrides: Any) -> Iterator[InProces
             loop = client.portal.call(asyncio.get_running_loop)
             for model_settings in models:
                 engines.append(_boot_model(svc, model_settings, loop, several=len(models) > 1))
+            if len(models) > 1:  # the appliance's own ready phase, as LifecycleServer.boot ends it
+                startup.start("ready")
+                startup.done("ready", models=list(svc.models))
             client.portal.call(svc.booted.set)
             yield InProcessServer(client, svc)
     finally:
