@@ -19,7 +19,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 WHEEL_SOURCE ?= $(firstword $(subst :, ,$(PIP_FIND_LINKS)))
 COMPOSE_PLUGIN := $(HOME)/.docker/cli-plugins/docker-compose
 
-.PHONY: setup model serve test test-unit lint lint-code lint-deploy docs bench clean \
+.PHONY: setup model serve test test-unit test-app lint lint-code lint-deploy docs bench clean \
         image up down logs smoke container-test compose-plugin
 
 setup: $(STAMP)
@@ -54,6 +54,11 @@ chromium:
 # The in-process layer alone (no server processes): seconds, for the edit-test loop.
 test-unit: $(STAMP) $(MODEL_DIR)/config.json
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+
+# The real app in-process (tests/app: create_app over engine threads, no server process): the API's
+# behaviour in well under a minute.
+test-app: $(STAMP) $(MODEL_DIR)/config.json
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/app $(PYTEST_ARGS)
 
 lint: lint-code lint-deploy
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 import traceback
 from collections.abc import MutableSequence
@@ -35,7 +36,9 @@ COMPILE_POLL_S = 0.5  # an idle engine with a compile on the way looks at it thi
 
 def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float]) -> None:
     # The HTTP process owns shutdown: SIGINT from a terminal must not kill the engine mid-batch.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # (An engine on a thread, as tests/app runs one, leaves its host's signals alone.)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The HTTP process must get a core the moment it has work (probes, 429s, tokenizing): the
     # engine yields to it and still takes every idle cycle.
     os.nice(spec.nice)

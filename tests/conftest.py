@@ -11,13 +11,13 @@ from tests.tiny_models import TinyFolders
 
 os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"})
 MODEL_DIR = ROOT / "models" / "all-MiniLM-L6-v2"
-UNIT = Path(__file__).parent / "unit"
+IN_PROCESS = (Path(__file__).parent / "unit", Path(__file__).parent / "app")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test outside tests/unit starts real server processes: the `slow` layer."""
+    """Every test outside tests/unit and tests/app starts real server processes: the `slow` layer."""
     for item in items:
-        if UNIT not in Path(str(item.fspath)).parents:
+        if not any(layer in Path(str(item.fspath)).parents for layer in IN_PROCESS):
             item.add_marker(pytest.mark.slow)
 
 

@@ -4,7 +4,7 @@ response models, v0.32), and Jina's rerank answer. Written out here as pydantic 
 every field the peer sends is required (a field a peer fills with a default still reaches its
 clients) and extra fields are allowed, as clients ignore them.
 
-OpenAI's, Cohere's and Infinity's schemas come from their own client packages (tests/test_schemas.py).
+OpenAI's, Cohere's and Infinity's schemas come from their own client packages (tests/app/test_schemas.py).
 """
 
 from __future__ import annotations

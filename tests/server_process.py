@@ -41,7 +41,33 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: 
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error})")
 
 
-class ServerProcess:
+class Served:
+    """What a test asks of a serving app, in its own process (ServerProcess) or in this one
+    (tests/app/inprocess.py): requests through `client`, the startup state, the batch count."""
+
+    client: httpx.Client
+    url: str
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return self.client.get(path, **kw)
+
+    def post(self, path: str, **kw: Any) -> httpx.Response:
+        return self.client.post(path, **kw)
+
+    def startup(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.get("/health/startup").json()
+        return body
+
+    def phase(self, name: str) -> dict[str, Any]:
+        return next(p for p in self.startup()["phases"] if p["name"] == name)
+
+    def batches(self) -> float:
+        """Engine batches run so far, every model's (none yet: the histogram has no line)."""
+        lines = self.get("/metrics").text.splitlines()
+        return sum(float(line.split()[-1]) for line in lines if line.startswith("warmpool_batch_size_count"))
+
+
+class ServerProcess(Served):
     def __init__(
         self,
         model: Path | str,
@@ -75,24 +101,6 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
         )
         self.client = httpx.Client(base_url=self.url, timeout=30)
-
-    def get(self, path: str, **kw: Any) -> httpx.Response:
-        return self.client.get(path, **kw)
-
-    def post(self, path: str, **kw: Any) -> httpx.Response:
-        return self.client.post(path, **kw)
-
-    def startup(self) -> dict[str, Any]:
-        body: dict[str, Any] = self.get("/health/startup").json()
-        return body
-
-    def phase(self, name: str) -> dict[str, Any]:
-        return next(p for p in self.startup()["phases"] if p["name"] == name)
-
-    def batches(self) -> float:
-        """Engine batches run so far, every model's (none yet: the histogram has no line)."""
-        lines = self.get("/metrics").text.splitlines()
-        return sum(float(line.split()[-1]) for line in lines if line.startswith("warmpool_batch_size_count"))
 
     def wait_ready(self, timeout: float = 120) -> ServerProcess:
         def ready() -> bool:

@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.app.test_pooling_api import DOCS, QUERY, TEXTS
 from tests.conftest import API_KEY, VERTEX_PREDICT
 from tests.server_process import ServerProcess
-from tests.test_pooling_api import DOCS, QUERY, TEXTS
 
 HEALTH = "/v1/endpoints/7/deployedModels/8"
 VERTEX = {"AIP_HEALTH_ROUTE": HEALTH, "AIP_PREDICT_ROUTE": VERTEX_PREDICT}

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.app.inprocess import serving
 from tests.flag_reference import m3_embedder
-from tests.server_process import ServerProcess, serving
+from tests.server_process import Served
 from tests.tiny_models import build_m3
 
 TEXTS = ["the warm pool model", "Hello world, the engine", "naïve café"]
@@ -24,8 +25,8 @@ def m3_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def m3(m3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with serving(m3_dir, tmp_path_factory.mktemp("logs") / "m3.log", allow_bin_weights="on") as proc:
+def m3(m3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with serving(m3_dir, allow_bin_weights="on") as proc:
         yield proc
 
 
@@ -41,7 +42,7 @@ def same_lexical(got: list[dict[str, Any]], expected: list[dict[str, float]]) ->
         np.testing.assert_allclose(item["values"], [weights[str(i)] for i in item["indices"]], atol=1e-5)
 
 
-def test_embeddings_answer_all_three_outputs_from_one_batch(m3: ServerProcess, reference: dict[str, Any]) -> None:
+def test_embeddings_answer_all_three_outputs_from_one_batch(m3: Served, reference: dict[str, Any]) -> None:
     """outputs [dense, sparse, multi_vector] on /v1/embeddings: each item has `embedding`, `sparse`
     {indices, values} and `multi_vector`, equal to FlagEmbedding's; one input's three outputs take
     one engine forward."""
@@ -59,7 +60,7 @@ def test_embeddings_answer_all_three_outputs_from_one_batch(m3: ServerProcess, r
         np.testing.assert_allclose(d["multi_vector"], expected, atol=1e-5)
 
 
-def test_a_subset_is_answered_alone(m3: ServerProcess, reference: dict[str, Any]) -> None:
+def test_a_subset_is_answered_alone(m3: Served, reference: dict[str, Any]) -> None:
     """/pooling with outputs [sparse] answers the lexical weights and nothing else; no outputs
     answers the dense vector as for any embedding model."""
     r = m3.post("/pooling", json={"input": TEXTS, "outputs": ["sparse"]})
@@ -70,7 +71,7 @@ def test_a_subset_is_answered_alone(m3: ServerProcess, reference: dict[str, Any]
     np.testing.assert_allclose([d["embedding"] for d in r.json()["data"]], reference["dense_vecs"], atol=1e-5)
 
 
-def test_tei_embed_sparse_answers_lexical_weights(m3: ServerProcess, reference: dict[str, Any]) -> None:
+def test_tei_embed_sparse_answers_lexical_weights(m3: Served, reference: dict[str, Any]) -> None:
     """TEI's /embed_sparse on bge-m3: its lexical weights as [{index, value}], pruned by top_k."""
     r = m3.post("/embed_sparse", json={"inputs": TEXTS})
     assert r.status_code == 200, r.text
@@ -80,7 +81,7 @@ def test_tei_embed_sparse_answers_lexical_weights(m3: ServerProcess, reference: 
     assert [len(row) for row in r.json()] == [min(2, len(w)) for w in reference["lexical_weights"]]
 
 
-def test_models_list_the_three_outputs(m3: ServerProcess) -> None:
+def test_models_list_the_three_outputs(m3: Served) -> None:
     """/v1/models says the model answers dense, sparse and multi_vector; the engine phase names the heads."""
     (card,) = m3.get("/v1/models").json()["data"]
     assert card["outputs"] == ["dense", "sparse", "multi_vector"]
@@ -90,7 +91,7 @@ def test_models_list_the_three_outputs(m3: ServerProcess) -> None:
 def test_pickled_heads_without_the_setting_serve_dense_only(m3_dir: Path, tmp_path: Path) -> None:
     """Without WARMPOOL_ALLOW_BIN_WEIGHTS the model starts and serves its dense vector; asking for
     another output is a 400 naming the setting; /v1/models lists dense alone."""
-    with serving(m3_dir, tmp_path / "m3-dense.log") as server:
+    with serving(m3_dir) as server:
         assert server.post("/v1/embeddings", json={"input": TEXTS}).status_code == 200
         r = server.post("/v1/embeddings", json={"input": TEXTS, "outputs": ["sparse"]})
         assert r.status_code == 400 and "WARMPOOL_ALLOW_BIN_WEIGHTS" in r.text, r.text

@@ -7,9 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import API_KEY
-from tests.server_process import ServerProcess
-from tests.test_errors import assert_openai_error
+from tests.app.test_errors import assert_openai_error
+from tests.server_process import Served
 
 TEXTS = ["I loved this film.", "It was fine, I guess.", "Terrible service, never again!", "", "ok"]
 QUERY = "Where is the Eiffel Tower?"
@@ -37,7 +36,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
-def test_classify_equals_transformers(classifier_server: ServerProcess, classifier_dir: Path) -> None:
+def test_classify_equals_transformers(classifier_server: Served, classifier_dir: Path) -> None:
     r = classifier_server.post("/classify", json={"input": TEXTS})
     assert r.status_code == 200, r.text
     data = r.json()["data"]
@@ -49,7 +48,7 @@ def test_classify_equals_transformers(classifier_server: ServerProcess, classifi
     assert [d["index"] for d in data] == list(range(len(TEXTS)))
 
 
-def test_tei_predict(classifier_server: ServerProcess, classifier_dir: Path) -> None:
+def test_tei_predict(classifier_server: Served, classifier_dir: Path) -> None:
     single = classifier_server.post("/predict", json={"inputs": TEXTS[0]}).json()
     expected = softmax(reference_logits(classifier_dir, TEXTS[:1]))[0]
     assert single[0]["label"] == ["negative", "neutral", "positive"][expected.argmax()]
@@ -59,16 +58,14 @@ def test_tei_predict(classifier_server: ServerProcess, classifier_dir: Path) -> 
     assert len(many) == 2 and len(many[0]) == 3
 
 
-def test_tei_predict_reads_a_list_of_two_texts_as_a_pair(
-    classifier_server: ServerProcess, classifier_dir: Path
-) -> None:
+def test_tei_predict_reads_a_list_of_two_texts_as_a_pair(classifier_server: Served, classifier_dir: Path) -> None:
     """As TEI: ["a", "b"] is one [text, text] input, scored as the pair."""
     pair = classifier_server.post("/predict", json={"inputs": TEXTS[:2]}).json()
     expected = softmax(reference_logits(classifier_dir, TEXTS[:1], TEXTS[1:2]))[0]
     np.testing.assert_allclose(sorted(s["score"] for s in pair), sorted(expected), atol=1e-5)
 
 
-def test_score_equals_transformers(cross_encoder_server: ServerProcess, cross_encoder_dir: Path) -> None:
+def test_score_equals_transformers(cross_encoder_server: Served, cross_encoder_dir: Path) -> None:
     expected = 1 / (1 + np.exp(-reference_logits(cross_encoder_dir, [QUERY] * len(DOCS), DOCS)[:, 0]))
     one_to_n = cross_encoder_server.post("/score", json={"text_1": QUERY, "text_2": DOCS})
     assert one_to_n.status_code == 200, one_to_n.text
@@ -78,7 +75,7 @@ def test_score_equals_transformers(cross_encoder_server: ServerProcess, cross_en
 
 
 @pytest.mark.parametrize("route", ["/rerank", "/v1/rerank"])
-def test_rerank_orders_like_score(cross_encoder_server: ServerProcess, route: str) -> None:
+def test_rerank_orders_like_score(cross_encoder_server: Served, route: str) -> None:
     scores = [
         d["score"] for d in cross_encoder_server.post("/score", json={"text_1": QUERY, "text_2": DOCS}).json()["data"]
     ]
@@ -96,7 +93,7 @@ def test_rerank_orders_like_score(cross_encoder_server: ServerProcess, route: st
     assert all("document" not in x for x in top)
 
 
-def test_rerank_in_tei_shape(cross_encoder_server: ServerProcess, cross_encoder_dir: Path) -> None:
+def test_rerank_in_tei_shape(cross_encoder_server: Served, cross_encoder_dir: Path) -> None:
     """A /rerank naming its documents `texts` (TEI) gets TEI's bare ranked list; raw_scores gives logits."""
     logits = reference_logits(cross_encoder_dir, [QUERY] * len(DOCS), DOCS)[:, 0]
     order = list(np.argsort(-logits, kind="stable"))
@@ -109,7 +106,7 @@ def test_rerank_in_tei_shape(cross_encoder_server: ServerProcess, cross_encoder_
     assert all("text" not in r for r in raw)
 
 
-def test_embedding_model_scores_by_cosine(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
+def test_embedding_model_scores_by_cosine(server: Served, st_model) -> None:  # type: ignore[no-untyped-def]
     vectors = st_model.encode([QUERY, *DOCS], normalize_embeddings=True)
     expected = vectors[1:] @ vectors[0]
     r = server.post("/score", json={"text_1": QUERY, "text_2": DOCS})
@@ -119,14 +116,14 @@ def test_embedding_model_scores_by_cosine(server: ServerProcess, st_model) -> No
     assert [x["index"] for x in ranked] == list(np.argsort(-expected, kind="stable"))
 
 
-def test_pooling_is_the_raw_pooled_output(server: ServerProcess) -> None:
+def test_pooling_is_the_raw_pooled_output(server: Served) -> None:
     pooled = np.asarray(server.post("/pooling", json={"input": DOCS}).json()["data"][0]["data"])
     embedded = np.asarray(server.post("/v1/embeddings", json={"input": DOCS}).json()["data"][0]["embedding"])
     assert abs(np.linalg.norm(pooled) - 1) > 1e-3  # before the Normalize module
     np.testing.assert_allclose(pooled / np.linalg.norm(pooled), embedded, atol=1e-5)
 
 
-def test_tei_embed(server: ServerProcess) -> None:
+def test_tei_embed(server: Served) -> None:
     bare = server.post("/embed", json={"inputs": DOCS[:2]}).json()
     openai = server.post("/v1/embeddings", json={"input": DOCS[:2]}).json()["data"]
     np.testing.assert_allclose(bare, [d["embedding"] for d in openai], atol=1e-6)
@@ -136,7 +133,7 @@ def test_tei_embed(server: ServerProcess) -> None:
     assert long.status_code == 200
 
 
-def test_tokenize_round_trip(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
+def test_tokenize_round_trip(server: Served, st_model) -> None:  # type: ignore[no-untyped-def]
     text = "Tokenizers split words: unbelievable!"
     r = server.post("/tokenize", json={"prompt": text}).json()
     assert r["tokens"] == st_model.tokenizer(text)["input_ids"]
@@ -149,7 +146,7 @@ def test_tokenize_round_trip(server: ServerProcess, st_model) -> None:  # type: 
     assert again["tokens"] == bare["tokens"]
 
 
-def test_models_report_their_kind(classifier_server: ServerProcess, cross_encoder_server: ServerProcess) -> None:
+def test_models_report_their_kind(classifier_server: Served, cross_encoder_server: Served) -> None:
     assert classifier_server.get("/v1/models").json()["data"][0]["kind"] == "classification"
     assert cross_encoder_server.get("/v1/models").json()["data"][0]["kind"] == "cross-encoder"
 
@@ -170,33 +167,18 @@ def test_models_report_their_kind(classifier_server: ServerProcess, cross_encode
         ("/detokenize", {"tokens": [999999]}, ["999999"]),
     ],
 )
-def test_bad_input_on_new_routes(cross_encoder_server: ServerProcess, route: str, body: dict, words: list) -> None:  # type: ignore[type-arg]
+def test_bad_input_on_new_routes(cross_encoder_server: Served, route: str, body: dict, words: list) -> None:  # type: ignore[type-arg]
     assert_openai_error(cross_encoder_server.post(route, json=body), 400, *words)
 
 
-def test_routes_the_model_cannot_serve(server: ServerProcess, classifier_server: ServerProcess) -> None:
+def test_routes_the_model_cannot_serve(server: Served, classifier_server: Served) -> None:
     assert_openai_error(server.post("/classify", json={"input": "x"}), 400, "'embedding'")
     assert_openai_error(classifier_server.post("/score", json={"text_1": "a", "text_2": "b"}), 400, "'classification'")
     tei = classifier_server.post("/embed", json={"inputs": "a"})
     assert tei.status_code == 400 and "'classification'" in tei.json()["error"]  # TEI's error shape
 
 
-def test_api_key(cross_encoder_server: ServerProcess) -> None:
-    import httpx
-
-    body = {"text_1": QUERY, "text_2": DOCS[0]}
-    with httpx.Client(base_url=cross_encoder_server.url) as anonymous:
-        assert_openai_error(anonymous.post("/score", json=body), 401, "API key")
-        wrong = anonymous.post("/score", json=body, headers={"authorization": "Bearer nope"})
-        assert_openai_error(wrong, 401)
-        right = anonymous.post("/score", json=body, headers={"authorization": f"Bearer {API_KEY}"})
-        assert right.status_code == 200
-        for open_route in ("/health/live", "/health/ready", "/health", "/health/startup", "/version"):
-            assert anonymous.get(open_route).status_code == 200, open_route
-    assert API_KEY not in cross_encoder_server.logs()
-
-
-def test_tei_embed_all_gives_every_tokens_hidden_state(server: ServerProcess, model_dir: Path) -> None:
+def test_tei_embed_all_gives_every_tokens_hidden_state(server: Served, model_dir: Path) -> None:
     """/embed_all answers, per input, the model's last hidden state for each of its tokens."""
     import torch
     from transformers import AutoModel, AutoTokenizer
@@ -216,7 +198,7 @@ def test_tei_embed_all_gives_every_tokens_hidden_state(server: ServerProcess, mo
     assert len(r.content) <= tokens * 384 * 16  # what the response budget counts per token
 
 
-def test_tei_embed_all_past_the_response_budget_is_a_400_before_any_engine_work(server: ServerProcess) -> None:
+def test_tei_embed_all_past_the_response_budget_is_a_400_before_any_engine_work(server: Served) -> None:
     """400 inputs of ~240 tokens would answer ~600 MB of JSON from a 0.5 MB body: refused with the
     setting named, in TEI's shape, and no engine batch runs for it."""
 

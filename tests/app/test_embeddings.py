@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from tests.server_process import ServerProcess
+from tests.server_process import Served
 
 LONG = " ".join(["warm pools start fast and stay responsive under load"] * 30)
 SENTENCES = [
@@ -46,7 +46,7 @@ def vectors(response: dict) -> np.ndarray:  # type: ignore[type-arg]
     return np.asarray([d["embedding"] for d in sorted(response["data"], key=lambda d: d["index"])])
 
 
-def test_one_by_one_equals_sentence_transformers(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
+def test_one_by_one_equals_sentence_transformers(server: Served, st_model) -> None:  # type: ignore[no-untyped-def]
     got = []
     for text in FITTING:
         r = server.post("/v1/embeddings", json={"input": text})
@@ -55,7 +55,7 @@ def test_one_by_one_equals_sentence_transformers(server: ServerProcess, st_model
     np.testing.assert_allclose(np.asarray(got), reference(st_model, FITTING), atol=1e-5, rtol=0)
 
 
-def test_list_equals_sentence_transformers(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
+def test_list_equals_sentence_transformers(server: Served, st_model) -> None:  # type: ignore[no-untyped-def]
     r = server.post("/v1/embeddings", json={"input": FITTING, "model": "all-MiniLM-L6-v2"})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -66,14 +66,14 @@ def test_list_equals_sentence_transformers(server: ServerProcess, st_model) -> N
     assert body["usage"] == {"prompt_tokens": expected_tokens, "total_tokens": expected_tokens}
 
 
-def test_truncation_matches_sentence_transformers(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
+def test_truncation_matches_sentence_transformers(server: Served, st_model) -> None:  # type: ignore[no-untyped-def]
     r = server.post("/v1/embeddings", json={"input": [LONG], "truncate_prompt_tokens": -1})
     assert r.status_code == 200, r.text
     np.testing.assert_allclose(vectors(r.json()), reference(st_model, [LONG]), atol=1e-5, rtol=0)
     assert r.json()["usage"]["prompt_tokens"] == 256
 
 
-def test_token_ids_equal_text(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
+def test_token_ids_equal_text(server: Served, st_model) -> None:  # type: ignore[no-untyped-def]
     texts = ["A man is eating food.", "Paris is the capital of France."]
     ids = [st_model.tokenizer(t)["input_ids"] for t in texts]
     one = server.post("/v1/embeddings", json={"input": ids[0]}).json()
@@ -83,7 +83,7 @@ def test_token_ids_equal_text(server: ServerProcess, st_model) -> None:  # type:
     np.testing.assert_allclose(vectors(many), ref, atol=1e-5, rtol=0)
 
 
-def test_dimensions_truncate_and_renormalise(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
+def test_dimensions_truncate_and_renormalise(server: Served, st_model) -> None:  # type: ignore[no-untyped-def]
     r = server.post("/v1/embeddings", json={"input": "A man is eating food.", "dimensions": 64})
     assert r.status_code == 200, r.text
     got = vectors(r.json())[0]
@@ -93,9 +93,9 @@ def test_dimensions_truncate_and_renormalise(server: ServerProcess, st_model) ->
 
 
 @pytest.mark.parametrize("encoding_format", ["float", "base64", None])
-def test_openai_client(server: ServerProcess, st_model, encoding_format: str | None) -> None:  # type: ignore[no-untyped-def]
+def test_openai_client(server: Served, st_model, encoding_format: str | None) -> None:  # type: ignore[no-untyped-def]
     """None: the client asks for base64 itself and decodes it; "base64": the caller decodes."""
-    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    client = OpenAI(http_client=server.client, base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     texts = SENTENCES[:6]
     extra = {"encoding_format": encoding_format} if encoding_format else {}
     result = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, **extra)  # type: ignore[arg-type]
@@ -107,14 +107,14 @@ def test_openai_client(server: ServerProcess, st_model, encoding_format: str | N
     assert result.usage.prompt_tokens > 0
 
 
-def test_base64_is_little_endian_float32(server: ServerProcess) -> None:
+def test_base64_is_little_endian_float32(server: Served) -> None:
     as_float = server.post("/v1/embeddings", json={"input": "hi"}).json()["data"][0]["embedding"]
     raw = server.post("/v1/embeddings", json={"input": "hi", "encoding_format": "base64"})
     decoded = np.frombuffer(base64.b64decode(raw.json()["data"][0]["embedding"]), dtype="<f4")
     np.testing.assert_array_equal(decoded, np.asarray(as_float, dtype=np.float32))
 
 
-def test_models_and_timing_headers(server: ServerProcess) -> None:
+def test_models_and_timing_headers(server: Served) -> None:
     models = server.get("/v1/models").json()
     assert models["data"][0]["id"] == "all-MiniLM-L6-v2"
     assert models["data"][0]["kind"] == "embedding"

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.app.inprocess import serving
 from tests.conftest import API_KEY
-from tests.server_process import ServerProcess, serving
+from tests.server_process import Served
 from tests.tiny_models import build_colbert
 
 QUERY = "what keeps the warm pool model loaded?"
@@ -25,8 +26,8 @@ def colbert_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 @pytest.fixture(scope="module")
-def colbert(colbert_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with serving(colbert_dir, tmp_path_factory.mktemp("logs") / "colbert.log", api_key=API_KEY) as proc:
+def colbert(colbert_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with serving(colbert_dir, api_key=API_KEY) as proc:
         proc.client.headers["authorization"] = f"Bearer {API_KEY}"
         yield proc
 
@@ -49,7 +50,7 @@ def same_vectors(got: list[Any], expected: list[Any]) -> None:
         np.testing.assert_allclose(np.asarray(g, dtype=np.float32), e, atol=1e-5)
 
 
-def test_pooling_answers_document_and_query_token_vectors(colbert: ServerProcess, reference: Any) -> None:
+def test_pooling_answers_document_and_query_token_vectors(colbert: Served, reference: Any) -> None:
     """/pooling encodes documents by default and queries for input_type search_query (or
     prompt_name query): each input's token vectors, as encode_document / encode_query give them."""
     r = colbert.post("/pooling", json={"input": DOCS})
@@ -61,7 +62,7 @@ def test_pooling_answers_document_and_query_token_vectors(colbert: ServerProcess
         same_vectors([d["data"] for d in r.json()["data"]], reference.encode_query([QUERY]))
 
 
-def test_tei_embed_all_answers_token_vectors(colbert: ServerProcess, reference: Any) -> None:
+def test_tei_embed_all_answers_token_vectors(colbert: Served, reference: Any) -> None:
     """TEI's /embed_all: a list of token vectors per input; prompt_name query encodes queries."""
     r = colbert.post("/embed_all", json={"inputs": DOCS})
     assert r.status_code == 200, r.text
@@ -70,7 +71,7 @@ def test_tei_embed_all_answers_token_vectors(colbert: ServerProcess, reference: 
     same_vectors(r.json(), reference.encode_query([QUERY]))
 
 
-def test_score_and_rerank_are_maxsim(colbert: ServerProcess, reference: Any) -> None:
+def test_score_and_rerank_are_maxsim(colbert: Served, reference: Any) -> None:
     """/score (text_1 the query), Jina's /rerank and TEI's /rerank score by MaxSim, best first."""
     expected = maxsim(reference, QUERY, DOCS)
     order = list(np.argsort(-expected, kind="stable"))
@@ -84,22 +85,24 @@ def test_score_and_rerank_are_maxsim(colbert: ServerProcess, reference: Any) -> 
     assert [(x["index"], x["text"]) for x in r.json()] == [(i, DOCS[i]) for i in order]
 
 
-def test_cohere_clients_rerank_by_maxsim(colbert: ServerProcess, reference: Any) -> None:
+def test_cohere_clients_rerank_by_maxsim(colbert: Served, reference: Any) -> None:
     """cohere's v2 and v1 rerank rank the documents by MaxSim."""
     import cohere
 
     expected = maxsim(reference, QUERY, DOCS)
     order = list(np.argsort(-expected, kind="stable"))
-    v2 = cohere.ClientV2(base_url=colbert.url, api_key=API_KEY).rerank(model="colbert", query=QUERY, documents=DOCS)
+    v2 = cohere.ClientV2(httpx_client=colbert.client, base_url=colbert.url, api_key=API_KEY).rerank(
+        model="colbert", query=QUERY, documents=DOCS
+    )
     assert [x.index for x in v2.results] == order
     np.testing.assert_allclose([x.relevance_score for x in v2.results], expected[order], atol=1e-4)
-    v1 = cohere.Client(base_url=colbert.url, api_key=API_KEY).rerank(
+    v1 = cohere.Client(httpx_client=colbert.client, base_url=colbert.url, api_key=API_KEY).rerank(
         model="colbert", query=QUERY, documents=DOCS, top_n=1
     )
     assert [x.index for x in v1.results] == order[:1]
 
 
-def test_the_model_says_it_answers_token_vectors(colbert: ServerProcess) -> None:
+def test_the_model_says_it_answers_token_vectors(colbert: Served) -> None:
     """/v1/models lists the multi_vector output and MaxSim; TEI's /info an embedding model without
     pooling; the engine phase names the ColBERT head."""
     (card,) = colbert.get("/v1/models").json()["data"]
@@ -108,7 +111,7 @@ def test_the_model_says_it_answers_token_vectors(colbert: ServerProcess) -> None
     assert colbert.phase("engine")["detail"]["head"] == "colbert (16 dims per token)"
 
 
-def test_pooled_routes_and_long_documents_are_clear_400s(colbert: ServerProcess) -> None:
+def test_pooled_routes_and_long_documents_are_clear_400s(colbert: Served) -> None:
     """/v1/embeddings (one vector per input) and /embed_sparse are refused naming the kind; a
     document past the model's 24 tokens is refused unless truncation is asked for."""
     for path, body in (("/v1/embeddings", {"input": "a"}), ("/embed_sparse", {"inputs": "a"})):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from tests.server_process import ServerProcess
+from tests.server_process import Served
 
 LONG = " ".join(f"sentence {i} about warm pools and the engines that serve them." for i in range(60))
 
@@ -22,7 +22,7 @@ def windows(model_dir: Path, text: str, max_tokens: int = 256, overlap: int = 32
     return [encoding.ids, *(o.ids for o in encoding.overflowing)]
 
 
-def test_a_long_text_is_refused_by_default_and_truncated_when_asked(server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
+def test_a_long_text_is_refused_by_default_and_truncated_when_asked(server: Served, st_model) -> None:  # type: ignore[no-untyped-def]
     """Without an option a text past the model's 256 tokens is a 400; `long_inputs: truncate` gives
     sentence-transformers' vector of it (which cuts at max_seq_length)."""
     refused = server.post("/v1/embeddings", json={"input": LONG})
@@ -31,7 +31,7 @@ def test_a_long_text_is_refused_by_default_and_truncated_when_asked(server: Serv
     np.testing.assert_allclose(cut.json()["data"][0]["embedding"], st_model.encode(LONG), atol=1e-5, rtol=0)
 
 
-def test_a_chunked_text_is_the_token_weighted_mean_of_its_windows(server: ServerProcess, model_dir: Path) -> None:
+def test_a_chunked_text_is_the_token_weighted_mean_of_its_windows(server: Served, model_dir: Path) -> None:
     """`long_inputs: chunk`: the vector is the normalised token-weighted mean of its overlapping
     windows' pooled vectors, each window embedded alone (/pooling on its token ids); usage counts
     every window's tokens; a short text beside it is embedded as it always is."""
@@ -52,7 +52,7 @@ def test_a_chunked_text_is_the_token_weighted_mean_of_its_windows(server: Server
     np.testing.assert_allclose(tei[0], expected, atol=1e-5, rtol=0)
 
 
-def test_tokenize_counts_a_text_far_longer_than_the_model_takes(server: ServerProcess, model_dir: Path) -> None:
+def test_tokenize_counts_a_text_far_longer_than_the_model_takes(server: Served, model_dir: Path) -> None:
     """vLLM's /tokenize counts a text of any length the body limit admits (1 MiB here, ~260,000
     tokens), as clients do to size their chunks; the count is the tokenizer's."""
     text = LONG * 300
@@ -97,7 +97,7 @@ def offsets_of(
 
 
 def test_late_chunking_pools_each_chunk_from_the_whole_documents_token_states(  # type: ignore[no-untyped-def]
-    server: ServerProcess, model_dir: Path, st_model
+    server: Served, model_dir: Path, st_model
 ) -> None:
     """`late_chunking`: the chunks are joined and encoded once; each chunk's vector is the normalised
     mean of its own tokens' states (sentence-transformers' token embeddings of the whole text),
@@ -114,9 +114,7 @@ def test_late_chunking_pools_each_chunk_from_the_whole_documents_token_states(  
     assert np.abs(got - alone).max() > 0.01  # the context moved them
 
 
-def test_late_chunking_a_document_longer_than_the_model_uses_every_window(
-    server: ServerProcess, model_dir: Path
-) -> None:
+def test_late_chunking_a_document_longer_than_the_model_uses_every_window(server: Served, model_dir: Path) -> None:
     """A document past 256 tokens is encoded as overlapping windows; a chunk's tokens are pooled
     from every window holding them (each window's states from /embed_all on its token ids)."""
     sentences = [s + "." for s in LONG.split(".") if s.strip()]
@@ -130,7 +128,7 @@ def test_late_chunking_a_document_longer_than_the_model_uses_every_window(
     np.testing.assert_allclose([d["embedding"] for d in r.json()["data"]], expected, atol=1e-5, rtol=0)
 
 
-def test_late_chunking_refuses_what_it_cannot_pool(server: ServerProcess, classifier_server: ServerProcess) -> None:
+def test_late_chunking_refuses_what_it_cannot_pool(server: Served, classifier_server: Served) -> None:
     """A chunk without a token of its own, a single text and options it does not combine with are
     400s naming the field; a model that is not mean-pooled says so."""
     for body, field in (
@@ -144,7 +142,7 @@ def test_late_chunking_refuses_what_it_cannot_pool(server: ServerProcess, classi
     assert r.status_code == 400, r.text
 
 
-def test_cohere_embed_chunks_a_long_text_when_asked(server: ServerProcess) -> None:
+def test_cohere_embed_chunks_a_long_text_when_asked(server: Served) -> None:
     """Cohere's /v2/embed with `long_inputs: chunk` gives /v1/embeddings' chunked vector; without
     it Cohere's default truncation (END) still cuts the text."""
     chunked = server.post("/v1/embeddings", json={"input": LONG, "long_inputs": "chunk"}).json()["data"][0]["embedding"]

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.server_process import ServerProcess, serving
+from tests.app.inprocess import serving
+from tests.server_process import Served
 from tests.tiny_models import build_splade
 from tests.vectors import same_entries
 
@@ -22,8 +23,8 @@ def splade_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 @pytest.fixture(scope="module")
-def splade_server(splade_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with serving(splade_dir, tmp_path_factory.mktemp("logs") / "splade.log") as proc:
+def splade_server(splade_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with serving(splade_dir) as proc:
         yield proc
 
 
@@ -42,7 +43,7 @@ def dense(rows: list[tuple[list[int], list[float]]], width: int) -> np.ndarray:
     return out
 
 
-def test_embed_sparse_gives_sparse_encoders_weights(splade_server: ServerProcess, expected: np.ndarray) -> None:
+def test_embed_sparse_gives_sparse_encoders_weights(splade_server: Served, expected: np.ndarray) -> None:
     """TEI's shape: per input its non-zero weights as {index, value}, indices ascending, equal to
     SparseEncoder.encode's within 1e-5 and with the same entries."""
     r = splade_server.post("/embed_sparse", json={"inputs": TEXTS})
@@ -55,7 +56,7 @@ def test_embed_sparse_gives_sparse_encoders_weights(splade_server: ServerProcess
 
 
 def test_openai_embeddings_answer_indices_and_values_pruned_as_asked(
-    splade_server: ServerProcess, expected: np.ndarray
+    splade_server: Served, expected: np.ndarray
 ) -> None:
     """/v1/embeddings on a SPLADE model answers {indices, values} per input; top_k keeps the k largest
     weights, threshold those above it; base64 or dimensions are a 400 naming the field."""
@@ -72,9 +73,7 @@ def test_openai_embeddings_answer_indices_and_values_pruned_as_asked(
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "encoding_format"
 
 
-def test_score_and_rerank_are_the_dot_product_of_the_weights(
-    splade_server: ServerProcess, expected: np.ndarray
-) -> None:
+def test_score_and_rerank_are_the_dot_product_of_the_weights(splade_server: Served, expected: np.ndarray) -> None:
     """/score and /rerank on a SPLADE model score by the dot product of the two inputs' weights,
     SparseEncoder's similarity, best first on /rerank."""
     scores = expected[0] @ expected[1:].T
@@ -85,7 +84,7 @@ def test_score_and_rerank_are_the_dot_product_of_the_weights(
     assert [d["index"] for d in ranked] == np.argsort(-scores, kind="stable").tolist()
 
 
-def test_a_chunked_text_is_the_maximum_of_its_windows_weights(splade_server: ServerProcess, splade_dir: Path) -> None:
+def test_a_chunked_text_is_the_maximum_of_its_windows_weights(splade_server: Served, splade_dir: Path) -> None:
     """`long_inputs: chunk` on a SPLADE model (64 tokens here): each weight is its maximum over the
     text's overlapping windows, each window's weights from /pooling on its token ids."""
     from tokenizers import Tokenizer
@@ -104,7 +103,7 @@ def test_a_chunked_text_is_the_maximum_of_its_windows_weights(splade_server: Ser
     np.testing.assert_allclose(got, np.max(per_window, axis=0), atol=1e-6, rtol=0)
 
 
-def test_info_and_models_say_sparse(splade_server: ServerProcess) -> None:
+def test_info_and_models_say_sparse(splade_server: Served) -> None:
     """TEI's /info says SPLADE pooling, as TEI does for such models; /v1/models the kind, the
     vocabulary-wide dimensions and the output; the engine phase the head it loaded."""
     assert splade_server.get("/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}
@@ -114,7 +113,7 @@ def test_info_and_models_say_sparse(splade_server: ServerProcess) -> None:
     assert splade_server.phase("engine")["detail"]["head"] == "splade (max, relu)"
 
 
-def test_a_dense_model_refuses_sparse_requests_clearly(server: ServerProcess) -> None:
+def test_a_dense_model_refuses_sparse_requests_clearly(server: Served) -> None:
     """/embed_sparse on a dense model is a 400 in TEI's shape naming the kind; top_k on its
     /v1/embeddings a 400 naming top_k."""
     r = server.post("/embed_sparse", json={"inputs": "hello"})
@@ -134,7 +133,7 @@ def test_an_inference_free_model_encodes_queries_without_the_engine(model_dir: P
     folder = build_inference_free(tmp_path / "inference-free", model_dir)
     reference = SparseEncoder(str(folder), device="cpu")
     query, documents = TEXTS[0], TEXTS[1:]
-    with serving(folder, tmp_path / "free.log") as server:
+    with serving(folder) as server:
         r = server.post("/embed_sparse", json={"inputs": documents})
         got = dense([([e["index"] for e in row], [e["value"] for e in row]) for row in r.json()], 30522)
         expected = reference.encode_document(documents, convert_to_tensor=True).to_dense().numpy()

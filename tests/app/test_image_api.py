@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.app.inprocess import serving
 from tests.image_host import png_host
-from tests.server_process import ServerProcess, serving
+from tests.server_process import Served
 from tests.tiny_vision import build_clip, build_siglip, image_bytes
 from tests.unit.test_images import bomb
 
@@ -40,13 +41,10 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def appliance(
-    folders: dict[str, Path], model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
+def appliance(folders: dict[str, Path], model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """CLIP (the default) beside the text embedder; image URLs off (the default)."""
-    log = tmp_path_factory.mktemp("logs") / "clip.log"
     models = f"clip={folders['clip']},minilm={model_dir}"
-    with serving(folders["clip"], log, models=models, max_image_bytes=100_000, max_image_pixels=1_000_000) as proc:
+    with serving(folders["clip"], models=models, max_image_bytes=100_000, max_image_pixels=1_000_000) as proc:
         yield proc
 
 
@@ -59,14 +57,11 @@ def images_host() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def siglip_server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def siglip_server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """SigLIP (the default) with image URLs fetched from 127.0.0.1 alone (the test's HTTP server), and
     beside it the SigLIP folder that ships sentencepiece's model alone."""
-    log = tmp_path_factory.mktemp("logs") / "siglip.log"
     models = f"siglip={folders['siglip']},siglip-spm={folders['siglip-spm']}"
-    with serving(
-        folders["siglip"], log, models=models, image_urls="allowlist", image_url_allowlist="127.0.0.1"
-    ) as proc:
+    with serving(folders["siglip"], models=models, image_urls="allowlist", image_url_allowlist="127.0.0.1") as proc:
         yield proc
 
 
@@ -101,7 +96,7 @@ def vectors(response: Any) -> np.ndarray:
     return np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float32)
 
 
-def test_modality_image_embeds_png_jpeg_and_webp(appliance: ServerProcess, folders: dict[str, Path]) -> None:
+def test_modality_image_embeds_png_jpeg_and_webp(appliance: Served, folders: dict[str, Path]) -> None:
     """Infinity's `modality: "image"`: a PNG, a JPEG and a WebP (data: URLs and bare base64) answer
     transformers' normalised image features within 1e-5."""
     files = [image_bytes(fmt, seed=i) for i, fmt in enumerate(FORMATS.values())]
@@ -110,7 +105,7 @@ def test_modality_image_embeds_png_jpeg_and_webp(appliance: ServerProcess, folde
     np.testing.assert_allclose(got, expected_images(folders["clip"], files), atol=1e-5, rtol=0)
 
 
-def test_messages_embed_an_image_and_a_text(appliance: ServerProcess, folders: dict[str, Path]) -> None:
+def test_messages_embed_an_image_and_a_text(appliance: Served, folders: dict[str, Path]) -> None:
     """vLLM's chat-style `messages`: one image_url part is that image's vector; text parts are the text's."""
     file = image_bytes("PNG", seed=9)
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(file)}}]}]
@@ -121,11 +116,11 @@ def test_messages_embed_an_image_and_a_text(appliance: ServerProcess, folders: d
     np.testing.assert_allclose(got_text, expected_texts(folders["clip"], TEXTS[:1]), atol=1e-5, rtol=0)
 
 
-def test_openai_client_embeds_texts_and_images(appliance: ServerProcess, folders: dict[str, Path]) -> None:
+def test_openai_client_embeds_texts_and_images(appliance: Served, folders: dict[str, Path]) -> None:
     """openai's embeddings.create: texts as `input`, images with extra_body={"modality": "image"}."""
     import openai
 
-    client = openai.OpenAI(base_url=f"{appliance.url}/v1", api_key="unused")
+    client = openai.OpenAI(http_client=appliance.client, base_url=f"{appliance.url}/v1", api_key="unused")
     texts = client.embeddings.create(input=TEXTS, model="clip")
     file = image_bytes("WEBP", seed=4)
     images = client.embeddings.create(input=[data_url(file, "webp")], model="clip", extra_body={"modality": "image"})
@@ -135,11 +130,11 @@ def test_openai_client_embeds_texts_and_images(appliance: ServerProcess, folders
     np.testing.assert_allclose([d.embedding for d in images.data], expected_images(folders["clip"], [file]), atol=1e-5)
 
 
-def test_cohere_client_embeds_images_and_inputs(appliance: ServerProcess, folders: dict[str, Path]) -> None:
+def test_cohere_client_embeds_images_and_inputs(appliance: Served, folders: dict[str, Path]) -> None:
     """cohere.ClientV2.embed: `images` (data: URLs) and `inputs` (content parts) on /v2/embed."""
     import cohere
 
-    client = cohere.ClientV2(base_url=appliance.url, api_key="unused")
+    client = cohere.ClientV2(httpx_client=appliance.client, base_url=appliance.url, api_key="unused")
     files = [image_bytes("JPEG", seed=6), image_bytes("PNG", seed=7)]
     by_images = client.embed(model="clip", input_type="image", embedding_types=["float"], images=[data_url(files[0])])
     parts = [
@@ -153,12 +148,12 @@ def test_cohere_client_embeds_images_and_inputs(appliance: ServerProcess, folder
     np.testing.assert_allclose(by_inputs.embeddings.float_, want, atol=1e-5, rtol=0)
 
 
-def test_cohere_answer_describes_each_image_as_sent(appliance: ServerProcess) -> None:
+def test_cohere_answer_describes_each_image_as_sent(appliance: Served) -> None:
     """Cohere's answer lists each image's width, height, format and bits per pixel, as sent (an RGBA
     PNG is 32 bits though it is embedded as RGB), in the order of the inputs; texts add none."""
     import cohere
 
-    client = cohere.ClientV2(base_url=appliance.url, api_key="unused")
+    client = cohere.ClientV2(httpx_client=appliance.client, base_url=appliance.url, api_key="unused")
     files = [image_bytes("PNG", (30, 20), "RGBA"), image_bytes("JPEG", (40, 50)), image_bytes("WEBP", (33, 33))]
     parts = [{"content": [{"type": "text", "text": TEXTS[0]}]}]
     parts += [{"content": [{"type": "image_url", "image_url": {"url": data_url(f)}}]} for f in files]
@@ -167,38 +162,38 @@ def test_cohere_answer_describes_each_image_as_sent(appliance: ServerProcess) ->
     assert got == [(30, 20, "png", 32), (40, 50, "jpeg", 24), (33, 33, "webp", 24)]
 
 
-def refusal(server: ServerProcess, sources: list[str]) -> str:
+def refusal(server: Served, sources: list[str]) -> str:
     r = server.post("/v1/embeddings", json={"input": sources, "modality": "image"})
     assert r.status_code == 400, r.text
     return str(r.json()["error"]["message"])
 
 
-def test_corrupt_image_is_a_400_naming_its_index(appliance: ServerProcess) -> None:
+def test_corrupt_image_is_a_400_naming_its_index(appliance: Served) -> None:
     """A PNG cut short, second of two: 400 naming input[1]."""
     good, cut = image_bytes("PNG"), image_bytes("PNG", (64, 64))[:200]
     assert "input[1]" in refusal(appliance, [data_url(good), data_url(cut)])
 
 
-def test_oversized_image_is_a_400(appliance: ServerProcess) -> None:
+def test_oversized_image_is_a_400(appliance: Served) -> None:
     """An image past WARMPOOL_MAX_IMAGE_BYTES (100 kB here) is refused, within the body limit."""
     noise = image_bytes("PNG", (200, 200))
     assert len(noise) > 100_000
     assert "MAX_IMAGE_BYTES" in refusal(appliance, [data_url(noise)])
 
 
-def test_decompression_bomb_is_a_400(appliance: ServerProcess) -> None:
+def test_decompression_bomb_is_a_400(appliance: Served) -> None:
     """A PNG claiming 50,000 x 50,000 pixels is refused from its header; the server stays up."""
     assert "MAX_IMAGE_PIXELS" in refusal(appliance, [data_url(bomb(50_000, 50_000))])
     assert appliance.get("/health/ready").status_code == 200
 
 
-def test_image_url_is_refused_by_default(appliance: ServerProcess, images_host: str) -> None:
+def test_image_url_is_refused_by_default(appliance: Served, images_host: str) -> None:
     """WARMPOOL_IMAGE_URLS=off (the default): an http URL is a 400, nothing fetched."""
     assert "WARMPOOL_IMAGE_URLS=off" in refusal(appliance, [f"{images_host}/cat.png"])
 
 
 def test_allowlisted_url_is_fetched_and_redirects_followed(
-    siglip_server: ServerProcess, images_host: str, folders: dict[str, Path]
+    siglip_server: Served, images_host: str, folders: dict[str, Path]
 ) -> None:
     """With 127.0.0.1 allowlisted, the test server's PNG (directly and through a redirect) answers the
     same vector as the image sent inline, equal to transformers' SigLIP features."""
@@ -216,7 +211,6 @@ def test_a_requests_image_urls_are_fetched_at_once_within_one_timeout(
     fetches its second side after its first, and that one, from the same slow host, is a 400 naming it."""
     with serving(
         folders["siglip"],
-        tmp_path / "log",
         image_urls="allowlist",
         image_url_allowlist="127.0.0.1",
         image_url_timeout=1.6 * SLOW_S,
@@ -229,14 +223,14 @@ def test_a_requests_image_urls_are_fetched_at_once_within_one_timeout(
         assert "text_2" in sides.json()["error"]["message"] and "timed out" in sides.json()["error"]["message"]
 
 
-def test_siglip_texts_are_padded_as_its_processor_pads(siglip_server: ServerProcess, folders: dict[str, Path]) -> None:
+def test_siglip_texts_are_padded_as_its_processor_pads(siglip_server: Served, folders: dict[str, Path]) -> None:
     """SigLIP's text vectors equal transformers' on texts padded to the full length."""
     got = vectors(siglip_server.post("/v1/embeddings", json={"input": TEXTS}))
     np.testing.assert_allclose(got, expected_texts(folders["siglip"], TEXTS), atol=1e-5, rtol=0)
 
 
 def test_siglip_folder_with_only_spiece_model_embeds_texts_as_transformers(
-    siglip_server: ServerProcess, folders: dict[str, Path]
+    siglip_server: Served, folders: dict[str, Path]
 ) -> None:
     """A SigLIP folder with spiece.model and no tokenizer.json: texts (punctuation, capitals, extra spaces,
     unicode, one left empty by the canonicalisation) answer SiglipModel's text features on SiglipTokenizer's
@@ -246,7 +240,7 @@ def test_siglip_folder_with_only_spiece_model_embeds_texts_as_transformers(
     np.testing.assert_allclose(got, expected_texts(folders["siglip-spm"], texts), atol=1e-5, rtol=0)
 
 
-def test_models_list_image_among_input_modalities(appliance: ServerProcess) -> None:
+def test_models_list_image_among_input_modalities(appliance: Served) -> None:
     """/v1/models: the CLIP model takes text and images, the text embedder beside it text alone."""
     cards = {card["id"]: card for card in appliance.get("/v1/models").json()["data"]}
     assert cards["clip"]["input_modalities"] == ["text", "image"]
@@ -254,7 +248,7 @@ def test_models_list_image_among_input_modalities(appliance: ServerProcess) -> N
     assert appliance.get("/info").json()["input_modalities"] == ["text", "image"]
 
 
-def test_text_embedder_beside_refuses_images_and_embeds_texts(appliance: ServerProcess) -> None:
+def test_text_embedder_beside_refuses_images_and_embeds_texts(appliance: Served) -> None:
     """The text model served beside CLIP embeds its texts as before; images sent to it are a 400."""
     r = appliance.post("/v1/embeddings", json={"input": TEXTS, "model": "minilm"})
     assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
@@ -263,7 +257,7 @@ def test_text_embedder_beside_refuses_images_and_embeds_texts(appliance: ServerP
     assert r.status_code == 400 and "text only" in r.json()["error"]["message"]
 
 
-def test_rerank_scores_a_text_against_images_and_texts(appliance: ServerProcess, folders: dict[str, Path]) -> None:
+def test_rerank_scores_a_text_against_images_and_texts(appliance: Served, folders: dict[str, Path]) -> None:
     """/rerank with Jina's {"image": ...} documents beside texts: each document's score is the cosine of
     its vector and the query's in the shared space, best first."""
     files = [image_bytes("PNG", seed=11), image_bytes("JPEG", seed=12)]
@@ -284,7 +278,7 @@ def test_rerank_scores_a_text_against_images_and_texts(appliance: ServerProcess,
     assert results[[x["index"] for x in results].index(0)]["document"] == documents[0]
 
 
-def test_score_a_text_against_images_in_vllms_content_shape(appliance: ServerProcess, folders: dict[str, Path]) -> None:
+def test_score_a_text_against_images_in_vllms_content_shape(appliance: Served, folders: dict[str, Path]) -> None:
     """/score with vLLM's {"content": [parts]} as text_2: one score per part (images and a text), the
     cosine of text_1's vector and the part's in the shared space."""
     files = [image_bytes("PNG", seed=13), image_bytes("WEBP", seed=14)]
@@ -298,7 +292,7 @@ def test_score_a_text_against_images_in_vllms_content_shape(appliance: ServerPro
     np.testing.assert_allclose([d["score"] for d in r.json()["data"]], want, atol=1e-5, rtol=0)
 
 
-def test_score_with_an_image_on_a_text_model_is_a_400_naming_its_side(appliance: ServerProcess) -> None:
+def test_score_with_an_image_on_a_text_model_is_a_400_naming_its_side(appliance: Served) -> None:
     """An image in /score's content for a text-only model is a 400 naming text_2, not a 5xx."""
     parts = [{"type": "image_url", "image_url": {"url": data_url(image_bytes("PNG"))}}]
     r = appliance.post("/score", json={"model": "minilm", "text_1": TEXTS[0], "text_2": {"content": parts}})
@@ -306,16 +300,8 @@ def test_score_with_an_image_on_a_text_model_is_a_400_naming_its_side(appliance:
     assert "text only" in r.json()["error"]["message"] and r.json()["error"]["param"] == "text_2"
 
 
-def test_engine_phase_reports_both_towers_built_in_the_forkserver(appliance: ServerProcess) -> None:
-    """The CLIP model's engine phase names its text and image towers, built once in the forkserver
-    (the engines inherit them), and its warm-up ran an image."""
-    engine, warmup = appliance.phase("engine:clip")["detail"], appliance.phase("warmup:clip")["detail"]
-    assert set(engine["towers"]) == {"text", "vision"} and engine["weights"] == "forkserver", engine
-    assert "image_forward_ms" in warmup, warmup
-
-
 def test_siglip_score_between_texts_is_the_cosine_of_padded_texts(
-    siglip_server: ServerProcess, folders: dict[str, Path]
+    siglip_server: Served, folders: dict[str, Path]
 ) -> None:
     """/score on a SigLIP model: the cosine of the two texts' vectors, each padded as its processor pads."""
     r = siglip_server.post("/score", json={"text_1": TEXTS[0], "text_2": TEXTS})
@@ -324,7 +310,7 @@ def test_siglip_score_between_texts_is_the_cosine_of_padded_texts(
     np.testing.assert_allclose([d["score"] for d in r.json()["data"]], want @ want[0], atol=1e-5)
 
 
-def test_siglip_tei_embed_pads_texts_too(siglip_server: ServerProcess, folders: dict[str, Path]) -> None:
+def test_siglip_tei_embed_pads_texts_too(siglip_server: Served, folders: dict[str, Path]) -> None:
     """TEI's /embed on a SigLIP model pads its texts as /v1/embeddings does: the same vectors."""
     r = siglip_server.post("/embed", json={"inputs": TEXTS})
     assert r.status_code == 200, r.text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server_process import ServerProcess
+from tests.server_process import Served
 
 TOO_LONG = " ".join(["word"] * 400)
 
@@ -39,37 +39,37 @@ def assert_openai_error(r, status: int, *words: str) -> dict:  # type: ignore[no
         ({"input": ["x"] * 2049}, ["2049", "2048"]),
     ],
 )
-def test_bad_input_is_400(server: ServerProcess, body: dict, words: list[str]) -> None:  # type: ignore[type-arg]
+def test_bad_input_is_400(server: Served, body: dict, words: list[str]) -> None:  # type: ignore[type-arg]
     assert_openai_error(server.post("/v1/embeddings", json=body), 400, *words)
 
 
-def test_malformed_json(server: ServerProcess) -> None:
+def test_malformed_json(server: Served) -> None:
     r = server.post("/v1/embeddings", content=b'{"input": ', headers={"content-type": "application/json"})
     assert_openai_error(r, 400, "malformed JSON")
 
 
-def test_unknown_model_is_404(server: ServerProcess) -> None:
+def test_unknown_model_is_404(server: Served) -> None:
     error = assert_openai_error(server.post("/v1/embeddings", json={"input": "x", "model": "gpt-4"}), 404, "gpt-4")
     assert error["param"] == "model"
 
 
-def test_unknown_route_is_404_in_openai_shape(server: ServerProcess) -> None:
+def test_unknown_route_is_404_in_openai_shape(server: Served) -> None:
     assert_openai_error(server.get("/v1/nope"), 404)
 
 
-def test_wrong_method_on_a_pooling_route_is_405_in_openai_shape(server: ServerProcess) -> None:
+def test_wrong_method_on_a_pooling_route_is_405_in_openai_shape(server: Served) -> None:
     """Pooling routes skip FastAPI's router (server/http/direct.py) only for their own method."""
     assert_openai_error(server.get("/v1/embeddings"), 405)
     assert set(server.get("/openapi.json").json()["paths"]) >= {"/v1/embeddings", "/pooling", "/health/live"}
 
 
-def test_empty_string_is_valid(server: ServerProcess) -> None:
+def test_empty_string_is_valid(server: Served) -> None:
     r = server.post("/v1/embeddings", json={"input": ""})
     assert r.status_code == 200
     assert r.json()["usage"]["prompt_tokens"] == 2  # [CLS] [SEP], as vLLM embeds it
 
 
-def test_truncation_on_request_accepts_long_input(server: ServerProcess) -> None:
+def test_truncation_on_request_accepts_long_input(server: Served) -> None:
     r = server.post("/v1/embeddings", json={"input": TOO_LONG, "truncate_prompt_tokens": 10})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == 10
