@@ -23,7 +23,7 @@ from server.core import inputs
 from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared
-from server.kinds.pairs import Pairs
+from server.kinds.pairs import PairAsk, Pairs
 from server.protocols.openai import SparseOptions
 from server.texts.chunking import LongInputs
 from server.texts.prompts import prompt_text
@@ -94,15 +94,7 @@ class OutputKind:
         """The prompt a scoring request's texts get (TEI's /similarity names one)."""
         return prompt_text(ctx.folder, prompt_name)
 
-    def pairs(
-        self,
-        lefts: list[str],
-        rights: list[str],
-        ctx: RequestContext,
-        truncate: int | None,
-        fields: tuple[str, str],
-        direction: Direction = "right",
-    ) -> tuple[list[Tokens], Pairs]:
+    def pairs(self, ask: PairAsk, ctx: RequestContext) -> tuple[list[Tokens], Pairs]:
         """A scoring request's engine inputs: which of them hold each pair's sides."""
         raise NotImplementedError
 

@@ -17,10 +17,9 @@ from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared
 from server.kinds.base import Ask, Item, OutputKind, check_dimensions
-from server.kinds.pairs import Pairs, dot_products, encode_pairs
+from server.kinds.pairs import PairAsk, Pairs, dot_products, encode_pairs
 from server.texts import chunking, late_chunking
 from server.texts.prompts import prompt_text
-from server.tokenizing.tokenizer import Direction
 
 _TEI_POOLING = {"lasttoken": "last_token"}  # TEI's names where they differ from ours
 
@@ -122,16 +121,8 @@ class Dense(OutputKind):
     def token_items(self, prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> list[np.ndarray]:
         return list(outcome.vectors)
 
-    def pairs(
-        self,
-        lefts: list[str],
-        rights: list[str],
-        ctx: RequestContext,
-        truncate: int | None,
-        fields: tuple[str, str],
-        direction: Direction = "right",
-    ) -> tuple[list[Tokens], Pairs]:
-        return encode_pairs(lefts, rights, ctx, truncate, fields, direction, cross=False)
+    def pairs(self, ask: PairAsk, ctx: RequestContext) -> tuple[list[Tokens], Pairs]:
+        return encode_pairs(ask, ctx, cross=False)
 
     def scores(self, vectors: Any, pairs: Pairs, ctx: RequestContext, raw: bool = False) -> np.ndarray:
         return dot_products(vectors, pairs)

@@ -11,8 +11,7 @@ from common.settings import Settings
 from common.wire import Tokens
 from server.core.inputs import RequestContext
 from server.kinds.dense import Dense
-from server.kinds.pairs import Pairs
-from server.tokenizing.tokenizer import Direction
+from server.kinds.pairs import PairAsk, Pairs
 from server.vision import multimodal
 
 
@@ -44,14 +43,8 @@ class ImageText(Dense):
         assert folder.vision is not None
         return {"outputs": ["dense"], "pooling": folder.vision.family}  # each tower's own, into the shared space
 
-    def pairs(
-        self,
-        lefts: list[str],
-        rights: list[str],
-        ctx: RequestContext,
-        truncate: int | None,
-        fields: tuple[str, str],
-        direction: Direction = "right",
-    ) -> tuple[list[Tokens], Pairs]:
+    def pairs(self, ask: PairAsk, ctx: RequestContext) -> tuple[list[Tokens], Pairs]:
         """Texts as /v1/embeddings encodes them on this model."""
-        return shared_space_pairs([("text", t) for t in lefts], [("text", t) for t in rights], ctx, truncate, fields)
+        lefts: list[multimodal.Item] = [("text", t) for t in ask.lefts]
+        rights: list[multimodal.Item] = [("text", t) for t in ask.rights]
+        return shared_space_pairs(lefts, rights, ctx, ask.truncate, ask.fields)

@@ -19,9 +19,8 @@ from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared
 from server.kinds.base import Ask
 from server.kinds.multi_vector import role_of
-from server.kinds.pairs import Pairs
+from server.kinds.pairs import PairAsk, Pairs
 from server.kinds.sparse import Sparse
-from server.tokenizing.tokenizer import Direction
 
 ROW_BYTES_PER_ENTRY = 4  # a query's row is vocabulary-wide float32, as the engine's SPLADE rows are
 
@@ -83,21 +82,14 @@ class InferenceFreeSparse(Sparse):
     def rows(self, prep: Prepared[Ask, Any], outcome: Outcome) -> np.ndarray:
         return prep.state.rows if isinstance(prep.state, Static) else super().rows(prep, outcome)
 
-    def pairs(
-        self,
-        lefts: list[str],
-        rights: list[str],
-        ctx: RequestContext,
-        truncate: int | None,
-        fields: tuple[str, str],
-        direction: Direction = "right",
-    ) -> tuple[list[Tokens], Pairs]:
+    def pairs(self, ask: PairAsk, ctx: RequestContext) -> tuple[list[Tokens], Pairs]:
         """Queries by their tokens' static weights, documents by the model."""
-        queries = list(dict.fromkeys(lefts))
-        static = rows(queries, ctx, fields[0]).rows
-        tokens, pairs = super().pairs(rights, rights, ctx, truncate, (fields[1], fields[1]), direction)
+        queries = list(dict.fromkeys(ask.lefts))
+        static = rows(queries, ctx, ask.fields[0]).rows
+        documents = PairAsk(ask.rights, ask.rights, ask.truncate, (ask.fields[1], ask.fields[1]), ask.direction)
+        tokens, pairs = super().pairs(documents, ctx)
         at = {text: i for i, text in enumerate(queries)}
-        return tokens, Pairs(len(lefts), False, [at[t] for t in lefts], pairs.right, static=static)
+        return tokens, Pairs(len(ask.lefts), False, [at[t] for t in ask.lefts], pairs.right, static=static)
 
     def scores(self, vectors: Any, pairs: Pairs, ctx: RequestContext, raw: bool = False) -> np.ndarray:
         assert pairs.static is not None

@@ -12,8 +12,7 @@ from common.wire import Tokens
 from server.core import outputs
 from server.core.inputs import RequestContext
 from server.kinds.base import OutputKind
-from server.kinds.pairs import Pairs, encode_pairs
-from server.tokenizing.tokenizer import Direction
+from server.kinds.pairs import PairAsk, Pairs, encode_pairs
 
 
 def label(ctx: RequestContext, index: int) -> str:
@@ -36,16 +35,8 @@ class CrossEncoder(Labels):
     def tei_type(self, folder: ModelFolder) -> dict[str, Any]:
         return {"reranker": super().tei_type(folder)["classifier"]}
 
-    def pairs(
-        self,
-        lefts: list[str],
-        rights: list[str],
-        ctx: RequestContext,
-        truncate: int | None,
-        fields: tuple[str, str],
-        direction: Direction = "right",
-    ) -> tuple[list[Tokens], Pairs]:
-        return encode_pairs(lefts, rights, ctx, truncate, fields, direction, cross=True)
+    def pairs(self, ask: PairAsk, ctx: RequestContext) -> tuple[list[Tokens], Pairs]:
+        return encode_pairs(ask, ctx, cross=True)
 
     def scores(self, vectors: Any, pairs: Pairs, ctx: RequestContext, raw: bool = False) -> np.ndarray:
         """Logits when `raw`, else the sigmoid, as CrossEncoder.predict gives them."""

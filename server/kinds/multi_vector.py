@@ -21,7 +21,7 @@ from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared
 from server.kinds.base import Ask, OutputKind
-from server.kinds.pairs import Pairs
+from server.kinds.pairs import PairAsk, Pairs
 from server.tokenizing.tokenizer import Direction, Markers
 
 Role = Literal["query", "document"]
@@ -141,26 +141,18 @@ class MultiVector(OutputKind):
         """Each input's scored vectors."""
         return [kept(v, t, prep.state, ctx) for v, t in zip(outcome.vectors, prep.tokens, strict=True)]
 
-    def pairs(
-        self,
-        lefts: list[str],
-        rights: list[str],
-        ctx: RequestContext,
-        truncate: int | None,
-        fields: tuple[str, str],
-        direction: Direction = "right",
-    ) -> tuple[list[Tokens], Pairs]:
+    def pairs(self, ask: PairAsk, ctx: RequestContext) -> tuple[list[Tokens], Pairs]:
         """Each distinct left text encoded once as a query, each distinct right text once as a
         document (a text on both sides is encoded both ways)."""
-        queries, documents = list(dict.fromkeys(lefts)), list(dict.fromkeys(rights))
-        left_field, right_field = fields
+        queries, documents = list(dict.fromkeys(ask.lefts)), list(dict.fromkeys(ask.rights))
+        (left_field, right_field), truncate, direction = ask.fields, ask.truncate, ask.direction
         ctx.admit(len(queries) + len(documents), right_field)  # every list the engine runs, both roles
         tokens = tokenize(queries, ctx, "query", truncate, left_field, direction, vectors=False)
         tokens += tokenize(documents, ctx, "document", truncate, right_field, direction, vectors=False)
         query_at = {text: i for i, text in enumerate(queries)}
         document_at = {text: len(queries) + i for i, text in enumerate(documents)}
-        left, right = [query_at[t] for t in lefts], [document_at[t] for t in rights]
-        return tokens, Pairs(len(lefts), False, left, right, late=tokens)
+        left, right = [query_at[t] for t in ask.lefts], [document_at[t] for t in ask.rights]
+        return tokens, Pairs(len(ask.lefts), False, left, right, late=tokens)
 
     def scores(self, vectors: Any, pairs: Pairs, ctx: RequestContext, raw: bool = False) -> np.ndarray:
         late = pairs.late

@@ -26,23 +26,29 @@ class Pairs:
     static: np.ndarray | None = None  # an inference-free sparse model's query rows: `left` indexes these
 
 
+@dataclass(frozen=True)
+class PairAsk:
+    """A scoring request's texts, whatever surface it came by: each pair's left and right (a query
+    repeated against every document), how they are cut, and the request's names for the two sides."""
+
+    lefts: list[str]
+    rights: list[str]
+    truncate: int | None
+    fields: tuple[str, str]
+    direction: Direction = "right"
+
+
 def encode_pairs(
-    lefts: list[str],
-    rights: list[str],
-    ctx: RequestContext,
-    truncate: int | None,
-    fields: tuple[str, str],
-    direction: Direction,
-    cross: bool,
-    budget: Callable[[int, str], None] | None = None,
+    ask: PairAsk, ctx: RequestContext, cross: bool, budget: Callable[[int, str], None] | None = None
 ) -> tuple[list[Tokens], Pairs]:
     """Token lists for the pairs: one per pair for a cross-encoder, one per unique text for a
     bi-encoder (one admission permit per list). Errors name the request's own `fields`.
 
     Every text is checked once, before any pairing: a long query is refused (or cut) once, not
     tokenized again against each document. `budget` sizes a bi-encoder's rows before they are made."""
-    limit = inputs.truncation_limit(truncate, ctx, pair=cross)
-    left_field, right_field = fields
+    lefts, rights, direction = ask.lefts, ask.rights, ask.direction
+    limit = inputs.truncation_limit(ask.truncate, ctx, pair=cross)
+    left_field, right_field = ask.fields
     one_left = len(set(lefts)) == 1  # a query against every document
     origin: dict[str, str] = {}
     for i, text in enumerate(lefts):

@@ -18,11 +18,10 @@ from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared
 from server.kinds.base import Ask, Item, OutputKind, check_dimensions
 from server.kinds.dense import late, only_dense, windowed
-from server.kinds.pairs import Pairs, dot_products, encode_pairs
+from server.kinds.pairs import PairAsk, Pairs, dot_products, encode_pairs
 from server.protocols.openai import SparseOptions
 from server.texts import chunking
 from server.texts.prompts import prompt_text
-from server.tokenizing.tokenizer import Direction
 
 ROW_BYTES_PER_ENTRY = 4  # the engine sends each input's whole [vocabulary] float32 row
 
@@ -91,17 +90,9 @@ class Sparse(OutputKind):
     def lexical(self, prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> list[dict[str, Any]]:
         return [item["embedding"] for item in self.items(prep, outcome, ctx)]
 
-    def pairs(
-        self,
-        lefts: list[str],
-        rights: list[str],
-        ctx: RequestContext,
-        truncate: int | None,
-        fields: tuple[str, str],
-        direction: Direction = "right",
-    ) -> tuple[list[Tokens], Pairs]:
+    def pairs(self, ask: PairAsk, ctx: RequestContext) -> tuple[list[Tokens], Pairs]:
         budget = functools.partial(budget_rows, ctx)
-        return encode_pairs(lefts, rights, ctx, truncate, fields, direction, cross=False, budget=budget)
+        return encode_pairs(ask, ctx, cross=False, budget=budget)
 
     def scores(self, vectors: Any, pairs: Pairs, ctx: RequestContext, raw: bool = False) -> np.ndarray:
         return dot_products(vectors, pairs, cosine=False)

@@ -25,7 +25,7 @@ from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared, answer, envelope
 from server.kinds.image_text import shared_space_pairs
-from server.kinds.pairs import Pairs
+from server.kinds.pairs import PairAsk, Pairs
 from server.protocols.openai import DocumentImage, DocumentText, RerankRequest, ScoreContent, ScoreRequest, openapi_body
 from server.tokenizing.tokenizer import Direction
 from server.vision import multimodal
@@ -47,7 +47,7 @@ def tokenize_pairs(
 ) -> tuple[list[Tokens], Pairs]:
     """The pairs' engine inputs, as the model's kind encodes them (server/kinds/pairs.py). Errors
     name the request's own `fields`."""
-    return kinds.of(ctx).pairs(lefts, rights, ctx, truncate, fields, direction)
+    return kinds.of(ctx).pairs(PairAsk(lefts, rights, truncate, fields, direction), ctx)
 
 
 def pair_scores(vectors: np.ndarray, pairs: Pairs, ctx: RequestContext, raw: bool = False) -> np.ndarray:
