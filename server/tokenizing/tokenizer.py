@@ -21,6 +21,7 @@ from common.causal_reranker import PairTemplate
 from common.folderjson import ModelError
 from common.late_interaction import LateInteraction
 from common.wire import Tokens
+from server.tokenizing.class_pipeline import load_as_built
 from server.tokenizing.siglip_tokenizer import SPIECE, is_siglip, siglip_tokenizer
 
 # The most a TEI token span takes less the text it covers: {"id":..,"text":"","special":false,
@@ -273,9 +274,10 @@ def _pieces(text: str) -> Iterator[str]:
 
 
 def _load(folder: Path) -> Tokenizer:
-    """The folder's tokenizer.json; without one, a SigLIP folder's sentencepiece model (spiece.model)."""
+    """The folder's tokenizer.json as its tokenizer class builds it (class_pipeline); a SigLIP folder's
+    sentencepiece model (spiece.model), which SiglipTokenizer reads even beside a tokenizer.json."""
     path = folder / "tokenizer.json"
-    if not path.is_file() and (folder / SPIECE).is_file():
+    if (folder / SPIECE).is_file() and (not path.is_file() or is_siglip(folder)):
         if not is_siglip(folder):
             raise ModelError(
                 f"{folder} has {SPIECE} but no tokenizer.json: only SigLIP's sentencepiece tokenizer is built "
@@ -284,10 +286,7 @@ def _load(folder: Path) -> Tokenizer:
         return siglip_tokenizer(folder)
     if not path.is_file():
         raise ModelError(f"no tokenizer in {folder}: it needs tokenizer.json (or, for a SigLIP model, {SPIECE})")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as exc:  # the tokenizers library raises bare Exceptions
-        raise ModelError(f"cannot load tokenizer {path}: {exc}") from exc
+    return load_as_built(folder, path)
 
 
 class TooManyTokens(ValueError):

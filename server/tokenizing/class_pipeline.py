@@ -1,0 +1,284 @@
+"""A folder's tokenizer as transformers 5 builds it, which is not always its tokenizer.json as written.
+
+A tokenizer class with an `__init__` of its own (XLMRobertaTokenizer, BertTokenizer, ...) takes only
+the vocabulary (merges, the post-processor, sentencepiece's precompiled charsmap) from tokenizer.json
+and builds its normalizer, pre-tokenizer and model settings itself; most then set their own
+post-processor. Files written by older converters differ from those builds (XLM-R's keeps a
+trailing "▁"), and sentence-transformers tokenizes as the class builds. Each such class's build is
+replicated here with the `tokenizers` library (transformers is not imported), once per folder load.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
+
+from common.folderjson import ModelError, read_json
+
+Settings = dict[str, Any]  # tokenizer_config.json over special_tokens_map.json: the class's arguments
+
+# AutoTokenizer's class for a folder whose tokenizer_config.json names none, by config.json's model_type
+# (only the model types of the classes rebuilt here)
+CLASS_OF_MODEL_TYPE = {
+    "xlm-roberta": "XLMRobertaTokenizer",
+    "gte": "XLMRobertaTokenizer",
+    "bert": "BertTokenizer",
+    "nomic_bert": "BertTokenizer",
+    "distilbert": "DistilBertTokenizer",
+    "mpnet": "MPNetTokenizer",
+    "qwen2": "Qwen2Tokenizer",
+    "qwen3": "Qwen2Tokenizer",
+    "gemma": "GemmaTokenizer",
+    "gemma2": "GemmaTokenizer",
+    "gemma3": "GemmaTokenizer",
+    "gemma3_text": "GemmaTokenizer",
+    "clip": "CLIPTokenizer",
+}
+# Model types whose class AutoTokenizer picks whatever tokenizer_config.json names (None: the file as
+# written, TokenizersBackend), as its MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS does
+FORCED_CLASS = {"modernbert": None, "modernbert-decoder": None, "qwen2": "Qwen2Tokenizer"}
+
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+CLIP_SPLIT = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+
+
+def tokenizer_class(folder: Path) -> str | None:
+    """The tokenizer class AutoTokenizer instantiates for `folder` (without a "Fast" suffix); None
+    where nothing names one."""
+    config = read_json(folder / "config.json")
+    model_type = config.get("model_type")
+    if model_type in FORCED_CLASS:
+        return FORCED_CLASS[model_type]
+    named = read_json(folder / "tokenizer_config.json").get("tokenizer_class") or config.get("tokenizer_class")
+    if isinstance(named, str):
+        return named.removesuffix("Fast")
+    return CLASS_OF_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
+
+
+def load_as_built(folder: Path, path: Path) -> Tokenizer:
+    """`path` (the folder's tokenizer.json) as the folder's tokenizer class builds it; the file as
+    written for a class that uses it so (or whose model is not the kind the class builds)."""
+    name = tokenizer_class(folder)
+    settings = {**read_json(folder / "special_tokens_map.json"), **read_json(folder / "tokenizer_config.json")}
+    build = BUILDS.get(name or "")
+    explicit_ends = "add_bos_token" in settings or "add_eos_token" in settings
+    try:
+        if build is None and not explicit_ends:
+            return Tokenizer.from_file(str(path))
+        spec = json.loads(path.read_text(encoding="utf-8"))
+        model = spec.get("model") or {}
+        if build is not None and _model_kind(model) == build.model:
+            model.update(build.model_settings(settings))
+            tokenizer = Tokenizer.from_str(json.dumps(spec))
+            build.pipeline(tokenizer, spec, settings)
+        else:
+            tokenizer, build = Tokenizer.from_str(json.dumps(spec)), None
+    except Exception as exc:  # the tokenizers library raises bare Exceptions
+        raise ModelError(f"cannot load tokenizer {path}: {exc}") from exc
+    if (build is None or not build.sets_post_processor) and (explicit_ends or tokenizer.post_processor is None):
+        tokenizer.post_processor = _ends_template(tokenizer, settings, name)
+    return tokenizer
+
+
+class Build:
+    """What one class builds: the model kind it makes from the vocabulary, that model's settings, and
+    the normalizer, pre-tokenizer and (where `sets_post_processor`) post-processor it sets."""
+
+    def __init__(
+        self,
+        model: str,
+        model_settings: Callable[[Settings], dict[str, Any]],
+        pipeline: Callable[[Tokenizer, dict[str, Any], Settings], None],
+        sets_post_processor: bool,
+    ) -> None:
+        self.model, self.model_settings, self.pipeline = model, model_settings, pipeline
+        self.sets_post_processor = sets_post_processor
+
+
+def _xlm_roberta(tok: Tokenizer, spec: dict[str, Any], settings: Settings) -> None:
+    charsmap = _precompiled_charsmap(spec.get("normalizer"))
+    tok.normalizer = None if charsmap is None else normalizers.Precompiled(charsmap)  # no " {2,}" Replace
+    scheme = "always" if settings.get("add_prefix_space", True) else "never"
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)]
+    )
+    bos, eos = _token(settings, "bos_token", "<s>"), _token(settings, "eos_token", "</s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single=[bos, "$A", eos],
+        pair=[bos, "$A", eos, eos, "$B", eos],
+        special_tokens=[(bos, _id(tok, bos)), (eos, _id(tok, eos))],
+    )
+
+
+def _wordpiece_pipeline(tok: Tokenizer, settings: Settings) -> None:
+    """BertTokenizer's and MPNetTokenizer's normalizer and pre-tokenizer, from their arguments."""
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
+        strip_accents=settings.get("strip_accents"),
+        lowercase=bool(settings.get("do_lower_case", True)),
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+
+
+def _bert(tok: Tokenizer, spec: dict[str, Any], settings: Settings) -> None:
+    _wordpiece_pipeline(tok, settings)
+    cls, sep = _token(settings, "cls_token", "[CLS]"), _token(settings, "sep_token", "[SEP]")
+    cls_id, sep_id = tok.token_to_id(cls), tok.token_to_id(sep)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0",
+        pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, 2 if cls_id is None else cls_id), (sep, 3 if sep_id is None else sep_id)],
+    )
+
+
+def _mpnet(tok: Tokenizer, spec: dict[str, Any], settings: Settings) -> None:
+    _wordpiece_pipeline(tok, settings)
+    cls, sep = _token(settings, "cls_token", "<s>"), _token(settings, "sep_token", "</s>")
+    cls_id, sep_id = tok.token_to_id(cls), tok.token_to_id(sep)
+    tok.post_processor = processors.RobertaProcessing(
+        (sep, 2 if sep_id is None else sep_id), (cls, 0 if cls_id is None else cls_id), True, False
+    )
+
+
+def _qwen2(tok: Tokenizer, spec: dict[str, Any], settings: Settings) -> None:
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=bool(settings.get("add_prefix_space") or False), use_regex=False),
+        ]
+    )
+
+
+def _gemma(tok: Tokenizer, spec: dict[str, Any], settings: Settings) -> None:
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous", invert=False)
+
+
+def _clip(tok: Tokenizer, spec: dict[str, Any], settings: Settings) -> None:
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()]
+    )
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(CLIP_SPLIT), behavior="removed", invert=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    bos, eos = _token(settings, "bos_token", "<|startoftext|>"), _token(settings, "eos_token", "<|endoftext|>")
+    tok.post_processor = processors.RobertaProcessing((eos, _id(tok, eos)), (bos, _id(tok, bos)), False, False)
+
+
+def _wordpiece_model(settings: Settings) -> dict[str, Any]:
+    return {
+        "unk_token": _token(settings, "unk_token", "[UNK]"),
+        "continuing_subword_prefix": "##",
+        "max_input_chars_per_word": 100,
+    }
+
+
+def _bpe_model(**fields: Any) -> Callable[[Settings], dict[str, Any]]:
+    """The BPE settings a class passes, over the defaults of tokenizers' BPE()."""
+    base = {
+        "dropout": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": False,
+    }
+    return lambda settings: {**base, **{k: v(settings) if callable(v) else v for k, v in fields.items()}}
+
+
+BUILDS: dict[str, Build] = {
+    "XLMRobertaTokenizer": Build("Unigram", lambda _: {"unk_id": 3, "byte_fallback": False}, _xlm_roberta, True),
+    "BertTokenizer": Build("WordPiece", _wordpiece_model, _bert, True),
+    "DistilBertTokenizer": Build("WordPiece", _wordpiece_model, _bert, True),
+    "MPNetTokenizer": Build("WordPiece", _wordpiece_model, _mpnet, True),
+    "Qwen2Tokenizer": Build(
+        "BPE", _bpe_model(unk_token=None, continuing_subword_prefix="", end_of_word_suffix=""), _qwen2, False
+    ),
+    "GemmaTokenizer": Build(
+        "BPE",
+        _bpe_model(unk_token=lambda s: _token(s, "unk_token", "<unk>"), fuse_unk=True, byte_fallback=True),
+        _gemma,
+        False,
+    ),
+    "CLIPTokenizer": Build(
+        "BPE",
+        _bpe_model(
+            unk_token=lambda s: _token(s, "unk_token", "<|endoftext|>"),
+            continuing_subword_prefix="",
+            end_of_word_suffix="</w>",
+        ),
+        _clip,
+        True,
+    ),
+}
+# The class defaults of the end tokens the bos/eos template is made of, where they differ from None
+END_DEFAULTS = {
+    "GemmaTokenizer": {"bos_token": "<bos>", "eos_token": "<eos>"},
+    "Qwen2Tokenizer": {"eos_token": "<|endoftext|>"},
+}
+
+
+def _ends_template(tok: Tokenizer, settings: Settings, name: str | None) -> processors.TemplateProcessing:
+    """TokenizersBackend's post-processor where tokenizer_config.json sets add_bos_token or
+    add_eos_token (or the file has none): bos and eos around each text as those flags say."""
+    defaults = END_DEFAULTS.get(name or "", {})
+    ends: list[tuple[str, int]] = []
+    for role, flag in (("bos_token", "add_bos_token"), ("eos_token", "add_eos_token")):
+        token = settings.get(role, defaults.get(role))
+        text = str(token.get("content")) if isinstance(token, dict) else token
+        found = tok.token_to_id(text) if settings.get(flag) and isinstance(text, str) else None
+        ends.append(("", -1) if found is None else (str(text), found))  # a flag without its token adds none
+    (bos, _), (eos, _) = ends
+    first, last = (f"{bos}:0 " if bos else ""), (f" {eos}:0" if eos else "")
+    single = f"{first}$A:0{last}"
+    pair = f"{single}{f' {bos}:1' if bos else ''} $B:1{f' {eos}:1' if eos else ''}"
+    return processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=[(text, found) for text, found in ends if text]
+    )
+
+
+def _model_kind(model: dict[str, Any]) -> str:
+    """The model's type; older files leave it out (told apart by their fields)."""
+    if "type" in model:
+        return str(model["type"])
+    if "merges" in model:
+        return "BPE"
+    return "Unigram" if "unk_id" in model else "WordPiece"
+
+
+def _precompiled_charsmap(normalizer: Any) -> bytes | None:
+    """sentencepiece's compiled rules in the file's normalizer, alone or in a Sequence."""
+    steps = (
+        normalizer.get("normalizers", [])
+        if isinstance(normalizer, dict) and normalizer.get("type") == "Sequence"
+        else [normalizer]
+    )
+    for step in steps:
+        if isinstance(step, dict) and step.get("type") == "Precompiled" and step.get("precompiled_charsmap"):
+            return base64.b64decode(step["precompiled_charsmap"])
+    return None
+
+
+def _token(settings: Settings, role: str, default: str) -> str:
+    token = settings.get(role, default)
+    return str(token.get("content")) if isinstance(token, dict) else str(token if token is not None else default)
+
+
+def _id(tok: Tokenizer, token: str) -> int:
+    found = tok.token_to_id(token)
+    if found is None:
+        raise ModelError(f"the tokenizer's special token {token!r} is not in its vocabulary")
+    return found
