@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,42 +66,37 @@ def tokenizer_class(folder: Path) -> str | None:
 
 def load_as_built(folder: Path, path: Path) -> Tokenizer:
     """`path` (the folder's tokenizer.json) as the folder's tokenizer class builds it; the file as
-    written for a class that uses it so (or whose model is not the kind the class builds)."""
+    written for a class that uses it so (or whose model is not the kind the class builds). Beside a
+    tokenizer.json transformers ignores add_bos_token and add_eos_token, so the file's post-processor
+    stands where the class sets none."""
     name = tokenizer_class(folder)
-    settings = {**read_json(folder / "special_tokens_map.json"), **read_json(folder / "tokenizer_config.json")}
     build = BUILDS.get(name or "")
-    explicit_ends = "add_bos_token" in settings or "add_eos_token" in settings
     try:
-        if build is None and not explicit_ends:
+        if build is None:
             return Tokenizer.from_file(str(path))
         spec = json.loads(path.read_text(encoding="utf-8"))
         model = spec.get("model") or {}
-        if build is not None and _model_kind(model) == build.model:
-            model.update(build.model_settings(settings))
-            tokenizer = Tokenizer.from_str(json.dumps(spec))
-            build.pipeline(tokenizer, spec, settings)
-        else:
-            tokenizer, build = Tokenizer.from_str(json.dumps(spec)), None
+        if _model_kind(model) != build.model:
+            return Tokenizer.from_str(json.dumps(spec))
+        settings = {**read_json(folder / "special_tokens_map.json"), **read_json(folder / "tokenizer_config.json")}
+        model.update(build.model_settings(settings))
+        tokenizer = Tokenizer.from_str(json.dumps(spec))
+        build.pipeline(tokenizer, spec, settings)
+        return tokenizer
+    except ModelError:
+        raise
     except Exception as exc:  # the tokenizers library raises bare Exceptions
         raise ModelError(f"cannot load tokenizer {path}: {exc}") from exc
-    if (build is None or not build.sets_post_processor) and (explicit_ends or tokenizer.post_processor is None):
-        tokenizer.post_processor = _ends_template(tokenizer, settings, name)
-    return tokenizer
 
 
+@dataclass(frozen=True)
 class Build:
     """What one class builds: the model kind it makes from the vocabulary, that model's settings, and
-    the normalizer, pre-tokenizer and (where `sets_post_processor`) post-processor it sets."""
+    the normalizer, pre-tokenizer and (some classes) post-processor it sets on the Tokenizer."""
 
-    def __init__(
-        self,
-        model: str,
-        model_settings: Callable[[Settings], dict[str, Any]],
-        pipeline: Callable[[Tokenizer, dict[str, Any], Settings], None],
-        sets_post_processor: bool,
-    ) -> None:
-        self.model, self.model_settings, self.pipeline = model, model_settings, pipeline
-        self.sets_post_processor = sets_post_processor
+    model: str
+    model_settings: Callable[[Settings], dict[str, Any]]
+    pipeline: Callable[[Tokenizer, dict[str, Any], Settings], None]
 
 
 def _xlm_roberta(tok: Tokenizer, spec: dict[str, Any], settings: Settings) -> None:
@@ -200,18 +196,17 @@ def _bpe_model(**fields: Any) -> Callable[[Settings], dict[str, Any]]:
 
 
 BUILDS: dict[str, Build] = {
-    "XLMRobertaTokenizer": Build("Unigram", lambda _: {"unk_id": 3, "byte_fallback": False}, _xlm_roberta, True),
-    "BertTokenizer": Build("WordPiece", _wordpiece_model, _bert, True),
-    "DistilBertTokenizer": Build("WordPiece", _wordpiece_model, _bert, True),
-    "MPNetTokenizer": Build("WordPiece", _wordpiece_model, _mpnet, True),
+    "XLMRobertaTokenizer": Build("Unigram", lambda _: {"unk_id": 3, "byte_fallback": False}, _xlm_roberta),
+    "BertTokenizer": Build("WordPiece", _wordpiece_model, _bert),
+    "DistilBertTokenizer": Build("WordPiece", _wordpiece_model, _bert),
+    "MPNetTokenizer": Build("WordPiece", _wordpiece_model, _mpnet),
     "Qwen2Tokenizer": Build(
-        "BPE", _bpe_model(unk_token=None, continuing_subword_prefix="", end_of_word_suffix=""), _qwen2, False
+        "BPE", _bpe_model(unk_token=None, continuing_subword_prefix="", end_of_word_suffix=""), _qwen2
     ),
     "GemmaTokenizer": Build(
         "BPE",
         _bpe_model(unk_token=lambda s: _token(s, "unk_token", "<unk>"), fuse_unk=True, byte_fallback=True),
         _gemma,
-        False,
     ),
     "CLIPTokenizer": Build(
         "BPE",
@@ -221,33 +216,8 @@ BUILDS: dict[str, Build] = {
             end_of_word_suffix="</w>",
         ),
         _clip,
-        True,
     ),
 }
-# The class defaults of the end tokens the bos/eos template is made of, where they differ from None
-END_DEFAULTS = {
-    "GemmaTokenizer": {"bos_token": "<bos>", "eos_token": "<eos>"},
-    "Qwen2Tokenizer": {"eos_token": "<|endoftext|>"},
-}
-
-
-def _ends_template(tok: Tokenizer, settings: Settings, name: str | None) -> processors.TemplateProcessing:
-    """TokenizersBackend's post-processor where tokenizer_config.json sets add_bos_token or
-    add_eos_token (or the file has none): bos and eos around each text as those flags say."""
-    defaults = END_DEFAULTS.get(name or "", {})
-    ends: list[tuple[str, int]] = []
-    for role, flag in (("bos_token", "add_bos_token"), ("eos_token", "add_eos_token")):
-        token = settings.get(role, defaults.get(role))
-        text = str(token.get("content")) if isinstance(token, dict) else token
-        found = tok.token_to_id(text) if settings.get(flag) and isinstance(text, str) else None
-        ends.append(("", -1) if found is None else (str(text), found))  # a flag without its token adds none
-    (bos, _), (eos, _) = ends
-    first, last = (f"{bos}:0 " if bos else ""), (f" {eos}:0" if eos else "")
-    single = f"{first}$A:0{last}"
-    pair = f"{single}{f' {bos}:1' if bos else ''} $B:1{f' {eos}:1' if eos else ''}"
-    return processors.TemplateProcessing(
-        single=single, pair=pair, special_tokens=[(text, found) for text, found in ends if text]
-    )
 
 
 def _model_kind(model: dict[str, Any]) -> str:

@@ -141,6 +141,17 @@ def test_tokenizer_json_wins_where_both_are_present(tmp_path: Path, folder: Path
     assert TokenizerPool(both).encode("Hello, World!").input_ids == want
 
 
+def test_spiece_model_wins_for_siglip_tokenizer_beside_a_tokenizer_json(tmp_path: Path, folder: Path) -> None:
+    """A folder naming SiglipTokenizer with both files is tokenized by its spiece.model, as
+    AutoTokenizer's SiglipTokenizer (sentencepiece) reads it whatever tokenizer.json holds."""
+    from transformers import AutoTokenizer
+
+    both = shutil.copytree(folder, tmp_path / "siglip")
+    shutil.copy(build_siglip(tmp_path / "other") / "tokenizer.json", both / "tokenizer.json")
+    text = "Hello, World! the warm pool"
+    assert TokenizerPool(both).encode(text).input_ids == AutoTokenizer.from_pretrained(both)(text)["input_ids"]
+
+
 def test_a_folder_with_neither_file_is_a_model_error(tmp_path: Path) -> None:
     """No tokenizer.json and no spiece.model: a ModelError naming both."""
     (tmp_path / "config.json").write_text("{}")

@@ -76,6 +76,27 @@ def _modernbert(dest: Path, model_dir: Path) -> None:
     (dest / "config.json").write_text(json.dumps({"model_type": "modernbert"}))
 
 
+def _stripped(fill: Callable[[Path, Path], object]) -> Callable[[Path, Path], object]:
+    """A folder whose tokenizer.json has no normalizer, pre-tokenizer or post-processor: what the
+    class builds is all there is to follow."""
+
+    def write(dest: Path, model_dir: Path) -> None:
+        fill(dest, model_dir)
+        spec = json.loads((dest / "tokenizer.json").read_text())
+        spec.update(normalizer=None, pre_tokenizer=None, post_processor=None)
+        (dest / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+
+    return write
+
+
+def _gemma_ends(dest: Path, model_dir: Path) -> None:
+    """Gemma without a post-processor in its tokenizer.json but with add_bos_token and add_eos_token
+    in tokenizer_config.json: beside a tokenizer.json transformers ignores them (no <bos>, no <eos>)."""
+    _stripped(_saved(gemma_tokenizer))(dest, model_dir)
+    settings = json.loads((dest / "tokenizer_config.json").read_text())
+    (dest / "tokenizer_config.json").write_text(json.dumps({**settings, "add_bos_token": True, "add_eos_token": True}))
+
+
 FAMILIES: dict[str, Callable[[Path, Path], object]] = {
     "wordpiece": _wordpiece,
     "modernbert": _modernbert,
@@ -84,9 +105,16 @@ FAMILIES: dict[str, Callable[[Path, Path], object]] = {
     "mpnet": lambda dest, model_dir: mpnet_tokenizer(model_dir).save_pretrained(dest),
     "qwen3": _saved(qwen3_tokenizer),
     "gemma": _saved(gemma_tokenizer),
+    "gemma-ends": _gemma_ends,
     "clip": _saved(lambda: clip_tokenizer(64)),
     "siglip-spm": lambda dest, _: siglip_spm_tokenizer(dest, 64),
 }
+FAMILIES.update(
+    {
+        f"{name}-stripped": _stripped(FAMILIES[name])
+        for name in ("wordpiece", "modernbert", "mpnet", "qwen3", "gemma", "clip")
+    }
+)
 
 
 # Known differences, left out: SiglipTokenizer (sentencepiece, in Python) adds no </s> after a text
