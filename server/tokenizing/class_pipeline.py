@@ -72,12 +72,10 @@ def load_as_built(folder: Path, path: Path) -> Tokenizer:
     name = tokenizer_class(folder)
     build = BUILDS.get(name or "")
     try:
-        if build is None:
+        spec = None if build is None else json.loads(path.read_text(encoding="utf-8"))
+        model = {} if spec is None else spec.get("model") or {}
+        if build is None or spec is None or _model_kind(model) != build.model:
             return Tokenizer.from_file(str(path))
-        spec = json.loads(path.read_text(encoding="utf-8"))
-        model = spec.get("model") or {}
-        if _model_kind(model) != build.model:
-            return Tokenizer.from_str(json.dumps(spec))
         settings = {**read_json(folder / "special_tokens_map.json"), **read_json(folder / "tokenizer_config.json")}
         model.update(build.model_settings(settings))
         tokenizer = Tokenizer.from_str(json.dumps(spec))
