@@ -87,10 +87,11 @@ def _foreign_safe_globals() -> list[str]:
 
 
 def _why(exc: Exception) -> str:
-    """The unpickler's own finding, one line, out of torch's message (which also suggests
-    weights_only=False, the one thing not to do with such a file)."""
+    """The unpickler's own finding, one sentence, out of torch's message (which goes on to suggest
+    allowlisting the global or weights_only=False: what not to do with such a file)."""
     found = re.search(r"[^\n]*(?:GLOBAL|[Uu]nsupported)[^\n]*", str(exc))
-    return (found.group(0) if found else str(exc).splitlines()[0]).strip()[:300]
+    line = found.group(0) if found else str(exc).splitlines()[0]
+    return line.strip().removeprefix("WeightsUnpickler error: ").split(" Please ")[0][:300]
 
 
 def _check(path: Path, state: Any, hidden: int, rows: int | None) -> None:
