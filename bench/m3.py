@@ -52,12 +52,12 @@ def main() -> None:
 
     texts = sentences(args.batch)
     info = read_model_folder(args.folder)
-    model = PoolingModel(info, threads=os.cpu_count() or 1, allow_pickles=True)
+    model = PoolingModel(info, threads=os.cpu_count() or 1)
     tokens = TokenizerPool(args.folder).encode_batch(texts, truncate=info.max_model_len)
     marked = [t._replace(outputs=ALL) for t in tokens]
     report("engine", *paired(lambda: model.forward(tokens), lambda: model.forward_outputs(marked), args.rounds))
     with tempfile.TemporaryDirectory() as tmp:
-        server = ServerProcess(args.folder, Path(tmp) / "m3.log", log_level="warning", allow_bin_weights="on")
+        server = ServerProcess(args.folder, Path(tmp) / "m3.log", log_level="warning")
         server.wait_ready(600)
         try:
             body = {"input": texts}

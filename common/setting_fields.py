@@ -228,7 +228,8 @@ class SettingFields(BaseSettings):
         "off",
         description=(
             "`on`: read `pytorch_model.bin` weights (pickles) where a folder has no safetensors, with "
-            "`torch.load(weights_only=True)`; `off`: such a folder fails its `engine` phase saying so."
+            "`torch.load(weights_only=True)`; `off`: such a folder fails its `engine` phase saying so. "
+            "bge-m3's `sparse_linear.pt` and `colbert_linear.pt` are read that way either way, tensors only."
         ),
     )
     engine_threads: int = Field(

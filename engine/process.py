@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from common.folderjson import ModelError
+from common.m3 import REFUSED as M3_REFUSED
 from common.modelfiles import weight_files
 from common.modelfolder import read_model_folder
 from common.wire import EngineSpec, Keyed, Msg, send
@@ -48,7 +49,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
         info = read_model_folder(spec.model_path)
         refuse_pickles(info, spec.allow_bin_weights)
         placement = place(spec.device, spec.dtype, weight_files(info.path))  # a Router's: its encoder's
-        model = PoolingModel(info, spec.threads, placement, spec.allow_bin_weights)
+        model = PoolingModel(info, spec.threads, placement)
         share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
         loaded = time.monotonic()
         send(
@@ -63,6 +64,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
                     **({"head": f"splade ({info.splade.strategy}, {info.splade.activation})"} if info.splade else {}),
                     **({"head": f"colbert ({info.dimensions} dims per token)"} if info.late else {}),
                     **({"head": "bge-m3 (dense, sparse, multi_vector)"} if model.m3 else {}),
+                    **({M3_REFUSED: model.m3_refused} if model.m3_refused else {}),
                     "heap": heap.detail,
                     **model.weights,
                     **placement.detail,

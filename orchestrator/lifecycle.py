@@ -11,11 +11,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import uvicorn
 
+from common import m3
 from common.folderjson import ModelError
 from common.modelfolder import ModelFolder, read_model_folder
 from common.settings import Settings
@@ -33,6 +34,8 @@ from server.http.request_head import with_head_limits
 from server.tokenizing.tokenizer import TokenizerPool
 
 log = structlog.get_logger("warmpool.lifecycle")
+
+T = TypeVar("T")
 
 
 class EngineWiring:
@@ -184,7 +187,7 @@ class LifecycleServer(uvicorn.Server):
         engine_started = asyncio.wrap_future(_in_thread(wiring.supervisor.start_engines, f"engine-start-{name}"))
         try:
             folder, tokenizers = await svc.off_loop(_load_model_side, settings.model_path)
-            await engine_started
+            folder = m3.as_loaded(folder, await engine_started)  # bge-m3's heads: refused or not
         except Exception as exc:
             wiring.supervisor.abort()  # no engine is forked for a model that failed
             engine_started.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it now
@@ -278,16 +281,16 @@ def _load_model_side(path: Path) -> tuple[ModelFolder, TokenizerPool]:
     return folder, TokenizerPool(folder.path, folder.pair_template, folder.late)  # a Router's: its encoder's
 
 
-def _in_thread(fn: Callable[[], None], name: str) -> Future[None]:
-    future: Future[None] = Future()
+def _in_thread(fn: Callable[[], T], name: str) -> Future[T]:
+    future: Future[T] = Future()
 
     def target() -> None:
         try:
-            fn()
+            result = fn()
         except BaseException as exc:
             future.set_exception(exc)
         else:
-            future.set_result(None)
+            future.set_result(result)
 
     threading.Thread(target=target, name=name, daemon=True).start()
     return future

@@ -148,8 +148,9 @@ class EngineSupervisor:
             pids.append(("forkserver", server))  # may be the one replaced (orphans go to init)
         return [{"process": name, "pid": pid, **memory} for name, pid in pids if (memory := process_memory(pid))]
 
-    def start_engines(self) -> None:
-        """The first engine warms up alone, on every core, and makes the server ready; the rest follow.
+    def start_engines(self) -> dict[str, Any]:
+        """The first engine warms up alone, on every core, and makes the server ready; the rest
+        follow. Its load report (LOADED's detail) is returned: what the model answers may hang on it.
 
         Warming all engines side by side made readiness ~0.9 s later on 2 cores (bench.coldstart).
         """
@@ -184,6 +185,7 @@ class EngineSupervisor:
         self._ready(0, conn, warmup)
         threading.Thread(target=self._supervise, name="engine-supervisor", daemon=True).start()
         threading.Thread(target=self._start_others, name="engine-start-others", daemon=True).start()
+        return loaded
 
     def engine_lost(self, slot: int) -> None:
         """An engine's pipe closed (it died, or was stopped): re-fork it unless stopping."""

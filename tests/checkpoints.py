@@ -1,8 +1,9 @@
 """A model folder's checkpoint saved again another way: in another dtype, in shards with an index (as
-transformers' save_pretrained does for big models), or as a pickle only."""
+transformers' save_pretrained does for big models), or as a pickle only; a head pickle that runs code."""
 
 from __future__ import annotations
 
+import builtins
 import json
 import shutil
 from pathlib import Path
@@ -40,6 +41,25 @@ def pickle_only(src: Path, dest: Path) -> Path:
     shutil.copytree(src, dest)
     torch.save(load_file(dest / "model.safetensors"), dest / "pytorch_model.bin")
     (dest / "model.safetensors").unlink()
+    return dest
+
+
+class _RunsCode:
+    """Unpickled by plain pickle, it calls exec on its code: what a hostile checkpoint can do."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return builtins.exec, (self.code,)
+
+
+def code_running_head(src: Path, dest: Path, name: str, marker: Path) -> Path:
+    """A copy of bge-m3 folder `src` whose head `name` (sparse_linear.pt, colbert_linear.pt) keeps
+    its tensors but also holds an object that, unpickled normally, creates `marker`."""
+    shutil.copytree(src, dest)
+    state = torch.load(dest / name, weights_only=True)
+    torch.save({**state, "note": _RunsCode(f"open({str(marker)!r}, 'w').close()")}, dest / name)
     return dest
 
 

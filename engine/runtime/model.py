@@ -25,9 +25,7 @@ class PoolingModel:
     """Models of a native family run on its engine module (engine.families); anything else on
     transformers. sentence-transformers' Dense modules follow the pooling on either."""
 
-    def __init__(
-        self, info: ModelFolder, threads: int, placement: Placement | None = None, allow_pickles: bool = False
-    ) -> None:
+    def __init__(self, info: ModelFolder, threads: int, placement: Placement | None = None) -> None:
         torch.set_num_threads(threads)
         self.info = info
         self.placement = placement or Placement(torch.device("cpu"), torch.float32)
@@ -49,9 +47,15 @@ class PoolingModel:
         projects = info.kind == "embedding" or (info.kind == "multi-vector" and not info.native)
         self.dense = dense.load(info.dense, device, dtype) if projects else None
         self.compiled: Callable[[Packed], torch.Tensor] | None = None  # set by engine.compiling.compilation
-        # bge-m3's heads: small (hidden x (1 + hidden)), loaded here rather than in the forkserver
-        loadable = info.m3 is not None and (allow_pickles or not info.m3.pickled)
-        self.m3 = m3.load(info.m3, info.hidden_size, device, dtype) if loadable and info.m3 else None
+        # bge-m3's heads: small (hidden x (1 + hidden)), loaded here rather than in the forkserver;
+        # refused ones (not tensors only) leave the dense vector, the reason in the load report
+        self.m3: m3.M3Heads | None = None
+        self.m3_refused: str | None = None
+        if info.m3 is not None:
+            try:
+                self.m3 = m3.load(info.m3, info.hidden_size, device, dtype)
+            except m3.Refused as exc:
+                self.m3_refused = str(exc)
         self.default_head = default_head(info)  # what an input naming no head gets (engine/heads)
 
     def _run(self, packed: Packed) -> torch.Tensor:

@@ -26,18 +26,15 @@ from server.texts import chunking
 
 def asked(names: Sequence[str] | None, ctx: RequestContext, field: str = "outputs") -> tuple[str, ...] | None:
     """The outputs a request names, in a fixed order; None where it asks for the dense vector
-    alone (the usual path). A model without bge-m3's heads, or whose heads are pickles the
-    server may not load, is a 400 for any other output."""
+    alone (the usual path). A model without bge-m3's heads, or whose heads its engine refused
+    (common/m3.py), is a 400 for any other output."""
     m3 = ctx.folder.m3
     if m3 is None or names is None or set(names) == {"dense"}:
         only_dense(names, field)
         return None
-    if m3.pickled and ctx.settings.allow_bin_weights != "on":
-        raise inputs.bad_request(
-            f"this model's heads ({m3.sparse.name}, {m3.colbert.name}) are torch pickles, not loaded by default: "
-            "set WARMPOOL_ALLOW_BIN_WEIGHTS=on, or convert them to safetensors",
-            field,
-        )
+    if m3.refused is not None:
+        why = f"this model's bge-m3 heads were not loaded ({m3.refused}): it answers 'dense' alone"
+        raise inputs.bad_request(why, field)
     return tuple(name for name in ("dense", "sparse", "multi_vector") if name in names)
 
 
@@ -110,7 +107,7 @@ class M3(Dense):
 
     def card(self, folder: ModelFolder, settings: Settings) -> dict[str, Any]:
         assert folder.m3 is not None
-        if settings.allow_bin_weights != "on" and folder.m3.pickled:  # its heads are not loaded
+        if folder.m3.refused is not None:  # its engine left the heads unread
             return super().card(folder, settings)
         return {"outputs": ["dense", "sparse", "multi_vector"], "pooling": folder.pooling}
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
+from common import m3
 from common.settings import Settings
 from common.startup import StartupState
 from common.wire import Msg
@@ -114,13 +115,15 @@ def _boot_model(svc: Services, settings: Settings, loop: asyncio.AbstractEventLo
     )
     thread.start()
     phases.start("engine", engines=1)
-    phases.done("engine", **_expect(parent, Msg.LOADED))
+    loaded = _expect(parent, Msg.LOADED)
+    phases.done("engine", **loaded)
     phases.start("warmup")
     warmup = _expect(parent, Msg.READY)
     phases.done("warmup", **{k: v for k, v in warmup.items() if k != "compile"})
     wiring.engine_ready(0, parent, warmup)
     phases.engine_up = True
     folder, tokenizers = _load_model_side(settings.model_path)
+    folder = m3.as_loaded(folder, loaded)
     admission = Admission(settings.admission_permits, settings.priority_reserve) if several else None
     svc.models[name] = ServedModel(name, folder, tokenizers, wiring.client, admission)
     phases.start("ready")

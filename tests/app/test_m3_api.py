@@ -1,6 +1,7 @@
 """bge-m3 served over HTTP: /v1/embeddings and /pooling answer any subset of its dense vector,
 lexical weights and ColBERT vectors from one engine batch, TEI's /embed_sparse its lexical weights,
-all equal to FlagEmbedding's BGEM3FlagModel; heads that are pickles stay unread unless allowed."""
+all equal to FlagEmbedding's BGEM3FlagModel; its heads as BAAI ships them (torch pickles) served by
+default, a head pickle that is not tensors only refused."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.app.inprocess import serving
+from tests.checkpoints import code_running_head
 from tests.flag_reference import m3_embedder
 from tests.server_process import Served
 from tests.tiny_models import build_m3
@@ -26,7 +28,7 @@ def m3_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def m3(m3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serving(m3_dir, allow_bin_weights="on") as proc:
+    with serving(m3_dir) as proc:
         yield proc
 
 
@@ -88,11 +90,16 @@ def test_models_list_the_three_outputs(m3: Served) -> None:
     assert m3.phase("engine")["detail"]["head"] == "bge-m3 (dense, sparse, multi_vector)"
 
 
-def test_pickled_heads_without_the_setting_serve_dense_only(m3_dir: Path, tmp_path: Path) -> None:
-    """Without WARMPOOL_ALLOW_BIN_WEIGHTS the model starts and serves its dense vector; asking for
-    another output is a 400 naming the setting; /v1/models lists dense alone."""
-    with serving(m3_dir) as server:
+def test_a_head_that_is_not_tensors_only_is_refused_and_dense_served(m3_dir: Path, tmp_path: Path) -> None:
+    """sparse_linear.pt with an object that would run code if unpickled: the model starts and serves
+    its dense vector, the code never runs; /health/startup's engine detail and the 400 for another
+    output name the file; /v1/models lists dense alone."""
+    marker = tmp_path / "ran"
+    hostile = code_running_head(m3_dir, tmp_path / "m3", "sparse_linear.pt", marker)
+    with serving(hostile) as server:
         assert server.post("/v1/embeddings", json={"input": TEXTS}).status_code == 200
+        assert "sparse_linear.pt is not tensors only" in server.phase("engine")["detail"]["heads_refused"]
         r = server.post("/v1/embeddings", json={"input": TEXTS, "outputs": ["sparse"]})
-        assert r.status_code == 400 and "WARMPOOL_ALLOW_BIN_WEIGHTS" in r.text, r.text
+        assert r.status_code == 400 and "sparse_linear.pt is not tensors only" in r.json()["error"]["message"], r.text
         assert server.get("/v1/models").json()["data"][0]["outputs"] == ["dense"]
+    assert not marker.exists()

