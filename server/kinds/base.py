@@ -24,7 +24,7 @@ from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared
 from server.kinds.pairs import PairAsk, Pairs
-from server.protocols.openai import SparseOptions
+from server.protocols.openai import SparseOptions, VectorEncoding
 from server.texts.chunking import LongInputs
 from server.texts.prompts import prompt_text
 from server.tokenizing.tokenizer import Direction
@@ -45,7 +45,7 @@ class Ask:
     direction: Direction = "right"
     dimensions: int | None = None  # Matryoshka
     normalize: bool | None = None  # None: as the model's modules say
-    base64: bool = False
+    encoding: VectorEncoding = dataclasses.field(default_factory=VectorEncoding)  # the dense vectors'
     outputs: tuple[str, ...] | None = None  # bge-m3's outputs asked for
     outputs_field: str = "outputs"
     sparse: SparseOptions = dataclasses.field(default_factory=lambda: SparseOptions(top_k=None, threshold=None))
@@ -101,6 +101,15 @@ class OutputKind:
     def scores(self, vectors: Any, pairs: Pairs, ctx: RequestContext, raw: bool = False) -> np.ndarray:
         """Each pair's score, from the engine's rows."""
         raise NotImplementedError
+
+
+def check_float_encoding(ask: Ask, what: str) -> None:
+    """Encodings other than floats apply to dense vectors alone: a 400 naming the field elsewhere."""
+    if ask.encoding.encoding_format != "float":
+        raise inputs.bad_request(
+            f"encoding_format={ask.encoding.encoding_format} applies to dense vectors alone, not to {what}",
+            "encoding_format",
+        )
 
 
 def check_dimensions(dimensions: int | None, ctx: RequestContext) -> None:

@@ -39,6 +39,17 @@ def only_dense(names: Sequence[str] | None, field: str) -> None:
         )
 
 
+def check_quantized_width(ask: Ask) -> None:
+    """embed_dtype and endianness shape base64's floats: with quantized codes they cannot apply."""
+    encoding = ask.encoding
+    if encoding.encoding_format in outputs.QUANTIZED and encoding.embed_dtype != "float32":
+        raise inputs.bad_request(
+            f"embed_dtype={encoding.embed_dtype} sets the width of base64's floats: "
+            f"encoding_format={encoding.encoding_format} answers its own codes",
+            "embed_dtype",
+        )
+
+
 def late(ask: Ask, ctx: RequestContext, prompt: str) -> Prepared[Ask, late_chunking.LateChunks]:
     """One document's chunks, encoded together and pooled each from its own tokens' states."""
     if ask.truncate is not None or ask.outputs is not None or ask.long_inputs is not None:
@@ -82,6 +93,7 @@ class Dense(OutputKind):
     def embed(self, ask: Ask, ctx: RequestContext) -> Prepared[Ask, Any]:
         check_dimensions(ask.dimensions, ctx)
         check_no_sparse_options(ask)
+        check_quantized_width(ask)
         prompt = self.prompt(ask, ctx)
         if ask.late_chunking:
             return late(ask, ctx, prompt)
@@ -101,8 +113,10 @@ class Dense(OutputKind):
         return outputs.embeddings(pooled, ask.dimensions, normalize)
 
     def items(self, prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> list[Item]:
-        fmt = "base64" if prep.body.base64 else "float"
-        return [{"embedding": outputs.encode_vector(v, fmt)} for v in self.vectors(prep, outcome, ctx)]
+        encoding = prep.body.encoding
+        vectors = self.vectors(prep, outcome, ctx)
+        encoded = outputs.encode_vectors(vectors, encoding.encoding_format, encoding.embed_dtype, encoding.endianness)
+        return [{"embedding": e} for e in encoded]
 
     def embed_tokens(self, ask: Ask, ctx: RequestContext) -> Prepared[Ask, None]:
         """Each token's last hidden state (special tokens included), as TEI's /embed_all answers."""

@@ -73,7 +73,7 @@ class InferenceFreeSparse(Sparse):
     name = "inference-free-sparse"
 
     def embed(self, ask: Ask, ctx: RequestContext) -> Prepared[Ask, Any]:
-        if ask.dimensions is not None or ask.base64:
+        if ask.dimensions is not None or ask.encoding.encoding_format != "float":
             return super().embed(ask, ctx)  # its 400
         if role_of(ctx, ask.prompt_name) == "query":
             return Prepared(ask, [], rows(ask.inputs, ctx, ask.field))

@@ -124,11 +124,13 @@ class M3(Dense):
             raise inputs.bad_request(
                 "'top_k' and 'threshold' prune the sparse output: ask for it in 'outputs'", "top_k"
             )
-        if wanted is not None and (ask.dimensions is not None or ask.base64):
+        if wanted is not None and ask.encoding.encoding_format != "float":
             raise inputs.bad_request(
-                "'dimensions' and base64 apply to the dense vector alone, not to 'outputs'",
-                "outputs",
+                f"encoding_format={ask.encoding.encoding_format} applies to the dense vector alone, not to 'outputs'",
+                "encoding_format",
             )
+        if wanted is not None and ask.dimensions is not None:
+            raise inputs.bad_request("'dimensions' applies to the dense vector alone, not to 'outputs'", "outputs")
         tokens, windows = windowed(ask, ctx, prompt)
         if wanted is None:
             return Prepared(ask, tokens, windows)

@@ -16,7 +16,7 @@ from server.core import inputs, outputs
 from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared
-from server.kinds.base import Ask, Item, OutputKind, check_dimensions
+from server.kinds.base import Ask, Item, OutputKind, check_dimensions, check_float_encoding
 from server.kinds.dense import late, only_dense, windowed
 from server.kinds.pairs import PairAsk, Pairs, dot_products, encode_pairs
 from server.protocols.openai import SparseOptions
@@ -63,10 +63,10 @@ class Sparse(OutputKind):
 
     def embed(self, ask: Ask, ctx: RequestContext) -> Prepared[Ask, Any]:
         check_dimensions(ask.dimensions, ctx)
-        if ask.dimensions is not None or ask.base64:
+        check_float_encoding(ask, "a sparse (SPLADE) model's {indices, values}")
+        if ask.dimensions is not None:
             raise inputs.bad_request(
-                "a sparse (SPLADE) model answers {indices, values}: 'dimensions' and base64 do not apply",
-                "encoding_format",
+                "a sparse (SPLADE) model answers {indices, values}: 'dimensions' does not apply", "dimensions"
             )
         return self.encoded(ask, ctx, prompt_text(ctx.folder, ask.prompt_name))
 

@@ -87,14 +87,33 @@ class OutputOptions(Part):
     outputs: list[Literal["dense", "sparse", "multi_vector"]] | None = Field(None, min_length=1)
 
 
-class EmbeddingRequest(InputRequest, SparseOptions, LongInputOptions, OutputOptions):
-    encoding_format: Literal["float", "base64"] = "float"
+class FloatBytes(Part):
+    """vLLM's width and byte order of base64 vectors (float32, the host's order: what the openai
+    client decodes); other formats ignore them, as vLLM's do."""
+
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    endianness: Literal["native", "big", "little"] = "native"
+
+
+class VectorEncoding(FloatBytes):
+    """How a dense vector is answered: floats, base64, or quantized as Cohere's embedding types
+    (int8, uint8, binary, ubinary: an extension of OpenAI's and TEI's surfaces)."""
+
+    encoding_format: Literal["float", "base64", "int8", "uint8", "binary", "ubinary"] = "float"
+
+    @classmethod
+    def of(cls, body: VectorEncoding) -> VectorEncoding:
+        """The encoding alone, out of a body that takes it."""
+        return cls(encoding_format=body.encoding_format, embed_dtype=body.embed_dtype, endianness=body.endianness)
+
+
+class EmbeddingRequest(InputRequest, SparseOptions, LongInputOptions, OutputOptions, VectorEncoding):
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
     late_chunking: bool = False  # Jina's: the inputs are one document's chunks, pooled in its context
 
 
-class PoolingRequest(InputRequest, OutputOptions):
+class PoolingRequest(InputRequest, OutputOptions, FloatBytes):
     """vLLM's /pooling: answers the engine's raw output."""
 
     encoding_format: Literal["float", "base64"] = "float"

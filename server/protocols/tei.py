@@ -13,6 +13,7 @@ from server.protocols.openai import (
     SparseOptions,
     TextOrTokens,
     TruncationDirection,
+    VectorEncoding,
     check_input_shape,
 )
 
@@ -28,7 +29,9 @@ class TEIOptions(Body):
     prompt_name: str | None = None
 
 
-class TEIEmbedRequest(TEIOptions, LongInputOptions):
+class TEIEmbedRequest(TEIOptions, LongInputOptions, VectorEncoding):
+    """TEI's /embed; `encoding_format` (with `embed_dtype`, `endianness`) is our extension."""
+
     inputs: Inputs
     normalize: bool = True
     dimensions: int | None = Field(None, ge=1)

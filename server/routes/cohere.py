@@ -71,7 +71,7 @@ def by_type(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> 
     assert isinstance(kind, kinds.Dense)  # the route serves embedding models alone
     vectors = kind.vectors(prep, outcome, ctx)
     types = prep.body.request.embedding_types
-    return {name: outputs.quantize(vectors, name) for name in dict.fromkeys(types or ["float"])}
+    return {name: outputs.encode_vectors(vectors, name) for name in dict.fromkeys(types or ["float"])}
 
 
 def envelope(prep: Prepared[Ask, Any], version: str, **fields: Any) -> bytes:

@@ -14,7 +14,7 @@ from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared, answer, envelope
 from server.kinds import m3
 from server.kinds.base import Ask
-from server.protocols.openai import EmbeddingRequest, PoolingRequest, SparseOptions, openapi_body
+from server.protocols.openai import EmbeddingRequest, PoolingRequest, SparseOptions, VectorEncoding, openapi_body
 from server.texts.prompts import prompt_text
 from server.vision import multimodal
 
@@ -28,7 +28,7 @@ def ask_of(body: EmbeddingRequest) -> Ask:
         long_inputs=body.long_inputs,
         prompt_name=body.prompt_name,
         dimensions=body.dimensions,
-        base64=body.encoding_format == "base64",
+        encoding=VectorEncoding.of(body),
         outputs=None if body.outputs is None else tuple(body.outputs),
         sparse=SparseOptions(top_k=body.top_k, threshold=body.threshold),
         late_chunking=body.late_chunking,
@@ -81,14 +81,15 @@ def prepare_pooling(raw: bytes, ctx: RequestContext) -> Prepared[PoolingRequest,
 def render_pooling(prep: Prepared[PoolingRequest, Any], outcome: Outcome, ctx: RequestContext) -> bytes:
     """The engine's output as is: pooled hidden states (before Normalize) or classifier logits; a
     multi-vector model's token vectors (those it scores), a list per input."""
-    fmt, state = prep.body.encoding_format, prep.state
+    body, state = prep.body, prep.state
     if isinstance(state, m3.Asked):
         options = SparseOptions(top_k=None, threshold=None)
         items = m3.answers(outcome.vectors, prep.tokens, None, options, ctx)
         data = [{"object": "pooling", "index": i, "data": item} for i, item in enumerate(items)]
         return outputs.to_json(envelope("pool", ctx, data=data, usage=prep.usage()))
+    encoding = (body.encoding_format, body.embed_dtype, body.endianness)
     rows = kinds.of(ctx).token_items(state, outcome, ctx) if state is not None else outcome.vectors.astype("float32")
-    data = [{"object": "pooling", "index": i, "data": outputs.encode_vector(v, fmt)} for i, v in enumerate(rows)]
+    data = [{"object": "pooling", "index": i, "data": outputs.encode_vector(v, *encoding)} for i, v in enumerate(rows)]
     return outputs.to_json(envelope("pool", ctx, data=data, usage=prep.usage()))
 
 

@@ -22,7 +22,7 @@ from server.core.pipeline import Prepare, Prepared, Render, answer, in_shape
 from server.core.services import services
 from server.kinds.base import Ask
 from server.kinds.labels import label
-from server.protocols.openai import openapi_body
+from server.protocols.openai import VectorEncoding, openapi_body
 from server.protocols.tei import (
     SimilarityRequest,
     TEIEmbedAllRequest,
@@ -43,6 +43,7 @@ def tei_ask(body: TEIEmbedRequest | TEIEmbedAllRequest) -> Ask:
     dimensions = body.dimensions if isinstance(body, TEIEmbedRequest) else None
     long_inputs = body.long_inputs if isinstance(body, TEIEmbedRequest) else None
     normalize = body.normalize if isinstance(body, TEIEmbedRequest) else None
+    encoding = VectorEncoding.of(body) if isinstance(body, TEIEmbedRequest) else VectorEncoding()
     return Ask(
         body.inputs,
         "inputs",
@@ -52,6 +53,7 @@ def tei_ask(body: TEIEmbedRequest | TEIEmbedAllRequest) -> Ask:
         direction=body.truncation_direction,
         dimensions=dimensions,
         normalize=normalize,
+        encoding=encoding,
     )
 
 

@@ -26,7 +26,7 @@ from server.core.inputs import RequestContext
 from server.core.pipeline import Prepared
 from server.http.errors import field_of
 from server.kinds.base import Ask
-from server.protocols.openai import Body, ContentPart, Part
+from server.protocols.openai import Body, ContentPart, Part, VectorEncoding
 from server.vision import image_fetch, images
 from server.vision.url_images import Pending
 
@@ -38,14 +38,13 @@ class Message(Part):
     content: StrictStr | list[ContentPart]
 
 
-class MultimodalRequest(Body):
+class MultimodalRequest(Body, VectorEncoding):
     """/v1/embeddings with `messages` (vLLM) or `modality` (Infinity), or any body for a CLIP or SigLIP model."""
 
     input: StrictStr | list[StrictStr] | None = None
     messages: list[Message] | None = Field(None, min_length=1)
     modality: Literal["text", "image"] = "text"
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
     user: str | None = None
@@ -100,7 +99,7 @@ def prepare(raw: bytes, ctx: RequestContext) -> Prepared[Ask, Encoded]:
             raise inputs.bad_request("'input' must not be empty", "input")
         items = [(body.modality, s) for s in sources]
     encoded = encode(items, ctx, field, body.truncate_prompt_tokens)
-    ask = Ask(None, field, dimensions=body.dimensions, base64=body.encoding_format == "base64", request=body)
+    ask = Ask(None, field, dimensions=body.dimensions, encoding=VectorEncoding.of(body), request=body)
     return Prepared(ask, encoded.tokens, encoded)
 
 

@@ -28,7 +28,7 @@ def assert_openai_error(r, status: int, *words: str) -> dict:  # type: ignore[no
         ({"input": [True]}, ["must be a string"]),
         ({"input": {"text": "x"}}, ["must be a string"]),
         ({}, ["input"]),
-        ({"input": "x", "encoding_format": "int8"}, ["encoding_format"]),
+        ({"input": "x", "encoding_format": "int4"}, ["encoding_format"]),
         ({"input": "x", "dimensions": 0}, ["dimensions"]),
         ({"input": "x", "dimensions": 385}, ["dimensions=385", "384"]),
         ({"input": [0, 30522]}, ["30522", "vocabulary"]),
