@@ -103,3 +103,11 @@ def test_a_head_that_is_not_tensors_only_is_refused_and_dense_served(m3_dir: Pat
         assert r.status_code == 400 and "sparse_linear.pt is not tensors only" in r.json()["error"]["message"], r.text
         assert server.get("/v1/models").json()["data"][0]["outputs"] == ["dense"]
     assert not marker.exists()
+
+
+def test_quantized_encodings_with_outputs_are_400(m3: Served) -> None:
+    """int8 (any encoding but float) applies to the dense vector alone: with `outputs`, a 400 naming both."""
+    body = {"input": TEXTS, "outputs": ["dense", "sparse"], "encoding_format": "int8"}
+    r = m3.post("/v1/embeddings", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "encoding_format", r.text
+    assert "'outputs'" in r.json()["error"]["message"]

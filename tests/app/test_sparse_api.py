@@ -151,3 +151,11 @@ def test_an_inference_free_model_encodes_queries_without_the_engine(model_dir: P
         np.testing.assert_allclose(
             [by_index[i] for i in range(len(documents))], scores.to_dense().numpy()[0], rtol=1e-5
         )
+
+
+@pytest.mark.parametrize("encoding", ["binary", "int8"])
+def test_quantized_encodings_on_a_sparse_model_are_400(splade_server: Served, encoding: str) -> None:
+    """Quantized codes are a dense vector's: a SPLADE model's {indices, values} refuse them."""
+    r = splade_server.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": encoding})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "encoding_format", r.text
+    assert f"encoding_format={encoding}" in r.json()["error"]["message"]

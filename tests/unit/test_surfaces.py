@@ -13,7 +13,7 @@ import pytest
 
 from common.folderjson import ModelError
 from common.modelfolder import read_model_folder, read_prompts
-from server.core.outputs import quantize, to_json
+from server.core.outputs import INT8_RANGE, encode_vectors, to_json
 from server.http.errors import APIError, error_response
 from server.protocols.openai import RerankRequest, openapi_body
 from server.protocols.tei import SimilarityRequest
@@ -76,21 +76,25 @@ def test_prompts_are_read_and_checked(tmp_path: Path) -> None:
 def test_binary_types_pack_the_signs() -> None:
     """ubinary packs the signs 8 to a byte; binary is the same less 128."""
     vectors = np.array([[0.5, -1, 0.1, -0.2, 0.3, 0.3, -0.1, 0.2, 1.0, -1, -1, -1, -1, -1, -1, -1]])
-    assert quantize(vectors, "ubinary") == [[0b10101101, 0b10000000]]
-    assert quantize(vectors, "binary") == [[0b10101101 - 128, 0]]
+    assert encode_vectors(vectors, "ubinary") == [[0b10101101, 0b10000000]]
+    assert encode_vectors(vectors, "binary") == [[0b10101101 - 128, 0]]
 
 
-def test_int8_uses_the_full_range_per_vector() -> None:
-    """int8 scales each vector's largest magnitude to 127; uint8 is int8 plus 128."""
-    vectors = np.array([[0.02, -0.04, 0.01], [1.0, 0.5, -0.25]])
-    assert quantize(vectors, "int8") == [[64, -127, 32], [127, 64, -32]]
-    assert quantize(vectors, "uint8") == [[192, 1, 160], [255, 192, 96]]
+def test_int8_buckets_each_vector_over_its_own_fixed_range() -> None:
+    """int8 floors each value into 256 buckets over [-R, R], R = INT8_RANGE * |v| / sqrt(d) (sentence-
+    transformers' arithmetic); uint8 is int8 plus 128; a value past R is clipped."""
+    assert INT8_RANGE == 5.0  # R = 2.5 for unit vectors of 4 dimensions: buckets 5/255 wide
+    vectors = np.array([[0.5, -0.5, 0.5, -0.5], [1.0, 0.0, 0.0, 0.0]], dtype=np.float32)
+    assert encode_vectors(vectors, "int8") == [[25, -26, 25, -26], [50, -1, -1, -1]]
+    assert encode_vectors(vectors, "uint8") == [[153, 102, 153, 102], [178, 127, 127, 127]]
+    spike = np.eye(1, 100, dtype=np.float32)  # R = 0.5 < 1: clipped to the top bucket
+    assert encode_vectors(spike, "int8")[0][:2] == [127, -1]
 
 
 def test_base64_is_the_float32_bytes() -> None:
     """base64 carries each vector's little-endian float32 bytes."""
     vectors = np.array([[0.25, -1.5]], dtype=np.float32)
-    (encoded,) = quantize(vectors, "base64")
+    (encoded,) = encode_vectors(vectors, "base64")
     assert np.array_equal(np.frombuffer(base64.b64decode(encoded), "<f4"), vectors[0])
 
 
