@@ -5,37 +5,24 @@ the vocabulary, so a folder they saved themselves cannot show the difference."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 import tempfile
 from functools import cache
 from pathlib import Path
 
 from tests.tiny_models import xlm_roberta_tokenizer
-from tests.tiny_vision import SPM_CORPUS
+from tests.tiny_vision import train_spm
 
 
 @cache
 def nmt_nfkc_charsmap() -> bytes:
     """sentencepiece's nmt_nfkc rules compiled (the normalizer XLM-R's sentencepiece model carries),
     taken from a tiny model trained here."""
-    import sentencepiece as spm
-
     from server.tokenizing.spm_model import read_spm
 
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(SPM_CORPUS * 3),
-        model_writer=model,
-        vocab_size=160,
-        hard_vocab_limit=False,
-        normalization_rule_name="nmt_nfkc",
-        num_threads=1,
-        minloglevel=2,
-    )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "spm.model"
-        path.write_bytes(model.getvalue())
+        path.write_bytes(train_spm())
         return read_spm(path).precompiled_charsmap
 
 

@@ -110,15 +110,10 @@ SPM_CORPUS = (
 )
 
 
-def siglip_spm_tokenizer(folder: Path, max_length: int) -> Any:
-    """SigLIP's tokenizer as google/siglip-* ship it: a sentencepiece Unigram model (spiece.model, nmt_nfkc
-    normalisation, T5's layout: <pad>=0, </s>=1, <unk>=2) trained here on SPM_CORPUS, loaded by
-    transformers' SiglipTokenizer, which saves spiece.model and tokenizer_config.json into `folder`
-    (no tokenizer.json). Training is deterministic: the same ids every time."""
-    import io
-
+def train_spm(**options: Any) -> bytes:
+    """A sentencepiece model trained on SPM_CORPUS with nmt_nfkc normalisation (deterministic: the same
+    pieces every time)."""
     import sentencepiece as spm
-    from transformers import SiglipTokenizer
 
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -126,18 +121,24 @@ def siglip_spm_tokenizer(folder: Path, max_length: int) -> Any:
         model_writer=model,
         vocab_size=160,
         hard_vocab_limit=False,
-        model_type="unigram",
         normalization_rule_name="nmt_nfkc",
-        character_coverage=1.0,
-        pad_id=0,
-        eos_id=1,
-        unk_id=2,
-        bos_id=-1,
         num_threads=1,
         minloglevel=2,
+        **options,
     )
+    return model.getvalue()
+
+
+def siglip_spm_tokenizer(folder: Path, max_length: int) -> Any:
+    """SigLIP's tokenizer as google/siglip-* ship it: a sentencepiece Unigram model (spiece.model, nmt_nfkc
+    normalisation, T5's layout: <pad>=0, </s>=1, <unk>=2) trained here on SPM_CORPUS, loaded by
+    transformers' SiglipTokenizer, which saves spiece.model and tokenizer_config.json into `folder`
+    (no tokenizer.json). Training is deterministic: the same ids every time."""
+    from transformers import SiglipTokenizer
+
+    model = train_spm(model_type="unigram", character_coverage=1.0, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "spiece.model").write_bytes(model.getvalue())
+    (folder / "spiece.model").write_bytes(model)
     tokenizer = SiglipTokenizer(vocab_file=str(folder / "spiece.model"), model_max_length=max_length)
     tokenizer.save_pretrained(folder)
     (folder / "tokenizer.json").unlink(missing_ok=True)
