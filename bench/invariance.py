@@ -49,6 +49,8 @@ CELLS: dict[str, dict[str, Any]] = {  # name -> settings (compiled cells get the
     "bf16-eager-e2": {"dtype": "bfloat16", "compile": "off", "engines": 2},
     "int8-eager-e1": {"dtype": "int8", "compile": "off", "engines": 1},
     "int8-eager-e2": {"dtype": "int8", "compile": "off", "engines": 2},
+    "bf16-compiled-e1": {"dtype": "bfloat16", "compile": "auto", "engines": 1},
+    "int8-compiled-e1": {"dtype": "int8", "compile": "auto", "engines": 1},
 }
 REPLAYS = 8  # distinct patterns replayed alone per cell (the most frequent ones)
 
@@ -200,7 +202,9 @@ def replay(server: ServerProcess, texts: list[str], at: int, pids: list[int]) ->
     return vectors(answer.content)[at], f"engine {slot} (cpu ticks {ticks}), {shape}"
 
 
-def run_cell(name: str, settings: dict[str, Any], tmp: Path, count: int, clients: int, seed: int) -> Cell:
+def run_cell(
+    name: str, settings: dict[str, Any], tmp: Path, count: int, clients: int, seed: int, compile_wait: float
+) -> Cell:
     cell = Cell(name)
     server = start(tmp / f"{name}.log", **settings)
     if isinstance(server, str):
@@ -209,12 +213,13 @@ def run_cell(name: str, settings: dict[str, Any], tmp: Path, count: int, clients
     try:
         server.wait_engines(120)
         if settings.get("compile") == "auto":
-            wait_for(lambda: server.phase("compile")["state"] in ("done", "skipped"), 60, "compiled", interval=0.2)
+            # a cold cache (a precision the after-ready case did not build) compiles here first
+            wait_for(
+                lambda: server.phase("compile")["state"] in ("done", "skipped"), compile_wait, "compiled", interval=0.5
+            )
         cell.engines = {"pids": server.phase("engine")["detail"]["pids"]}
         compile_phase = server.phase("compile")
-        cell.engines["compile"] = {
-            slot: d.get("mode") for slot, d in (compile_phase.get("detail") or {}).get("engines", {}).items()
-        } or compile_phase["state"]
+        cell.engines["compile"] = compile_summary(compile_phase)
         cell.reference = vectors(server.post("/v1/embeddings", json=body([PROBE])).content)[0]
         rng = random.Random(seed)
         made = [composition(rng) for _ in range(count)]
@@ -348,16 +353,16 @@ def main() -> None:
         lines, warm = after_ready(tmp, args.texts, args.compile_wait) if args.texts else ([], None)
         for line in lines:
             print(line, flush=True)
+        # the compile caches by precision: float32's warmed by the after-ready case, others cold (the
+        # first compiled cell of a precision builds its artifact, the next one finds it)
+        caches = {"float32": warm or tmp / "cache-float32"}
         cells = []
         for name in names:
             settings = dict(CELLS[name])
             if settings["compile"] == "auto":
-                if warm is None:
-                    cells.append(Cell(name, served="skipped: no warm compile cache (run the after-ready case)"))
-                    continue
-                settings["compile_cache"] = warm
+                settings["compile_cache"] = caches.setdefault(settings["dtype"], tmp / f"cache-{settings['dtype']}")
             began = time.monotonic()
-            cells.append(run_cell(name, settings, tmp, args.compositions, args.clients, args.seed))
+            cells.append(run_cell(name, settings, tmp, args.compositions, args.clients, args.seed, args.compile_wait))
             print(f"{name}: {time.monotonic() - began:.0f} s", flush=True)
     base = next((c.reference for c in cells if c.reference and c.name.startswith("f32-eager-e1")), b"")
     print(f"\n{'configuration':<18} {'ran':>4} {'patterns':>8} {'max|diff| ref':>13} {'ref vs f32-e1':>13}  mechanism")
