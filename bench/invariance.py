@@ -6,7 +6,9 @@ inside `--compositions` random requests (1..50 other texts of 1..150 words, the 
 place) sent by 16 concurrent clients; the probe's vectors are compared as raw float32 bytes
 (`encoding_format: base64`). Each distinct bit pattern is then replayed alone on the idle server:
 does the request alone reproduce it, which engine computed it (its CPU time, /proc/PID/stat), in how
-many groups of how many rows and tokens (warmpool_batch_size / warmpool_batch_tokens deltas).
+many groups of how many rows and tokens (warmpool_batch_size / warmpool_batch_tokens deltas); and
+the first `--sequential` compositions are sent again from one client (nothing to batch them with):
+their distinct patterns, and how many probes differ from the 16-client pass.
 
 "Right after ready": a fresh server with default settings (compile auto, an empty cache) is sent
 `--texts` texts in requests of 50 the moment it is ready; another fresh one the same texts one at a
@@ -15,7 +17,7 @@ compiled forward (/health/startup's compile detail, polled). The first server is
 has compiled, is sent the same requests again, and its cache serves the compiled cells.
 Prints what was run and a table; never asserts.
 Usage: .venv/bin/python -m bench.invariance [--compositions 300] [--clients 16] [--texts 1000]
-       [--cells f32-eager-e1,...] [--compile-wait 600]
+       [--sequential 100] [--cells f32-eager-e1,...] [--compile-wait 600]
 """
 
 from __future__ import annotations
@@ -188,6 +190,9 @@ class Cell:
     replays: list[str] = field(default_factory=list)
     reproduced: int = 0
     mechanism: str = ""
+    alone_ran: int = 0  # the first compositions again, from one client: no other request to batch with
+    alone_patterns: int = 0
+    alone_vs_busy: int = 0  # of those, probes whose bits differ from the 16-client pass's
 
 
 def replay(server: ServerProcess, texts: list[str], at: int, pids: list[int]) -> tuple[bytes, str]:
@@ -203,7 +208,14 @@ def replay(server: ServerProcess, texts: list[str], at: int, pids: list[int]) ->
 
 
 def run_cell(
-    name: str, settings: dict[str, Any], tmp: Path, count: int, clients: int, seed: int, compile_wait: float
+    name: str,
+    settings: dict[str, Any],
+    tmp: Path,
+    count: int,
+    clients: int,
+    seed: int,
+    compile_wait: float,
+    sequential: int,
 ) -> Cell:
     cell = Cell(name)
     server = start(tmp / f"{name}.log", **settings)
@@ -228,6 +240,11 @@ def run_cell(
         cell.ran = len(probes)
         cell.patterns = Counter(probes)
         cell.worst = max(max_diff(p, cell.reference) for p in cell.patterns)
+        one = made[:sequential]
+        quiet = run(send_all(server.port, [texts for texts, _ in one], 1))
+        quiet_probes = [answer.vectors[at] for answer, (_, at) in zip(quiet, one, strict=True)]
+        cell.alone_ran, cell.alone_patterns = len(quiet_probes), len(set(quiet_probes))
+        cell.alone_vs_busy = sum(a != b for a, b in zip(quiet_probes, probes, strict=False))
         first = {p: made[probes.index(p)] for p in cell.patterns}
         pids = [int(p) for p in cell.engines["pids"] if p]
         for pattern, _ in cell.patterns.most_common(REPLAYS):
@@ -247,14 +264,13 @@ def run_cell(
 
 
 def suspect(cell: Cell) -> str:
+    """A first reading from the counts; the replays printed below the table are the evidence."""
+    replayed = f"replays alone reproduce {cell.reproduced}/{min(len(cell.patterns), REPLAYS)}"
     if len(cell.patterns) == 1:
         return "invariant" if cell.reference in cell.patterns else "one pattern, not the alone one"
-    replayed = min(len(cell.patterns), REPLAYS)
-    if cell.reproduced == replayed:
-        return "the request's own shape (group rows/tokens): reproduced alone"
-    if cell.reproduced == 0:
-        return "concurrency: co-batched requests / threads per busy engine (not reproduced alone)"
-    return f"mixed: {cell.reproduced}/{replayed} reproduced alone"
+    if cell.alone_patterns > 1:
+        return f"the request's own shape (varies from one client too); {replayed}"
+    return f"concurrency only (co-batched requests, threads per busy engine); {replayed}"
 
 
 def after_ready(tmp: Path, total: int, wait_s: float) -> tuple[list[str], Path | None]:
@@ -336,6 +352,7 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=1000, help="texts of the right-after-ready case (0: skip it)")
     parser.add_argument("--cells", default=",".join(CELLS), help=f"of {', '.join(CELLS)}")
     parser.add_argument("--compile-wait", type=float, default=600, help="seconds the first server may take to compile")
+    parser.add_argument("--sequential", type=int, default=100, help="compositions sent again from one client")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     names = [n for n in args.cells.split(",") if n]
@@ -362,16 +379,24 @@ def main() -> None:
             if settings["compile"] == "auto":
                 settings["compile_cache"] = caches.setdefault(settings["dtype"], tmp / f"cache-{settings['dtype']}")
             began = time.monotonic()
-            cells.append(run_cell(name, settings, tmp, args.compositions, args.clients, args.seed, args.compile_wait))
+            cells.append(
+                run_cell(
+                    name, settings, tmp, args.compositions, args.clients, args.seed, args.compile_wait, args.sequential
+                )
+            )
             print(f"{name}: {time.monotonic() - began:.0f} s", flush=True)
     base = next((c.reference for c in cells if c.reference and c.name.startswith("f32-eager-e1")), b"")
-    print(f"\n{'configuration':<18} {'ran':>4} {'patterns':>8} {'max|diff| ref':>13} {'ref vs f32-e1':>13}  mechanism")
+    print(
+        f"\n{'configuration':<18} {'ran':>4} {'patterns':>8} {'max|diff| ref':>13} {'ref vs f32-e1':>13} "
+        f"{'1-client: ran/patterns/differ':>29}  mechanism"
+    )
     for c in cells:
         if c.served:
-            print(f"{c.name:<18} {'-':>4} {'-':>8} {'-':>13} {'-':>13}  {c.served}")
+            print(f"{c.name:<18} {'-':>4} {'-':>8} {'-':>13} {'-':>13} {'-':>29}  {c.served}")
             continue
         cross = "same bits" if c.reference == base else (f"{max_diff(c.reference, base):.2e}" if base else "-")
-        print(f"{c.name:<18} {c.ran:>4} {len(c.patterns):>8} {c.worst:>13.2e} {cross:>13}  {c.mechanism}")
+        quiet = f"{c.alone_ran}/{c.alone_patterns}/{c.alone_vs_busy}"
+        print(f"{c.name:<18} {c.ran:>4} {len(c.patterns):>8} {c.worst:>13.2e} {cross:>13} {quiet:>29}  {c.mechanism}")
     for c in cells:
         if c.replays:
             print(f"\n{c.name} (engines {c.engines}):")
