@@ -280,32 +280,36 @@ def after_ready(tmp: Path, total: int, wait_s: float) -> tuple[list[str], Path |
     batched_requests = [texts[i : i + 50] for i in range(0, total, 50)]
     cache = tmp / "cache-batched"
     server = ServerProcess(MODEL, tmp / "batched.log", log_level="warning", compile="auto", compile_cache=cache)
-    server.wait_ready(300)
-    ready = time.monotonic()
-    watch = CompileWatch(server)
-    batched = run(send_all(server.port, batched_requests, 1))
-    pids = server.phase("engine")["detail"]["pids"]
-    warm = None
     try:
-        wait_for(lambda: server.phase("compile")["state"] in ("done", "skipped"), wait_s, "the compile", interval=0.5)
-        again = run(send_all(server.port, batched_requests, 1))
-        warm = cache if server.phase("compile")["state"] == "done" else None
-    except AssertionError:
-        again = []
-        lines.append(f"the first server had not compiled {wait_s:g} s after ready: no compiled pass")
-    watch.stop()
-    detail = server.phase("compile")
-    server.stop()
+        server.wait_ready(300)
+        ready = time.monotonic()
+        watch = CompileWatch(server)
+        batched = run(send_all(server.port, batched_requests, 1))
+        pids = server.phase("engine")["detail"]["pids"]
+        warm = None
+        try:
+            wait_for(lambda: server.phase("compile")["state"] in ("done", "skipped"), wait_s, "the compile", 0.5)
+            again = run(send_all(server.port, batched_requests, 1))
+            warm = cache if server.phase("compile")["state"] == "done" else None
+        except AssertionError:
+            again = []
+            lines.append(f"the first server had not compiled {wait_s:g} s after ready: no compiled pass")
+        watch.stop()
+        detail = server.phase("compile")
+    finally:
+        server.stop()
     switched = watch.switched_at()
     singles_server = ServerProcess(
         MODEL, tmp / "singles.log", log_level="warning", compile="auto", compile_cache=tmp / "cache-singles"
     )
-    singles_server.wait_ready(300)
-    singles_ready = time.monotonic()
-    singles_watch = CompileWatch(singles_server)
-    singles = run(send_all(singles_server.port, [[t] for t in texts], 1))
-    singles_watch.stop()
-    singles_server.stop()
+    try:
+        singles_server.wait_ready(300)
+        singles_ready = time.monotonic()
+        singles_watch = CompileWatch(singles_server)
+        singles = run(send_all(singles_server.port, [[t] for t in texts], 1))
+        singles_watch.stop()
+    finally:
+        singles_server.stop()
 
     alone = [s.vectors[0] for s in singles]
     eager_batched = [v for s in batched for v in s.vectors]
@@ -329,6 +333,12 @@ def after_ready(tmp: Path, total: int, wait_s: float) -> tuple[list[str], Path |
     first_switch = min(switched.values(), default=float("inf"))
     request_of = [s for s in batched for _ in s.vectors]
     when = Counter("before any switch" if request_of[i].end < first_switch else "after a switch" for i in differ)
+    b_switch = min(singles_watch.switched_at().values(), default=float("inf"))
+    b_late = [i for i in range(total) if singles[i].end >= b_switch]
+    lines.append(
+        f"  B's singles answered at or after B's first switch: {len(b_late)}; of those differing from A: "
+        f"{len(set(b_late) & set(differ))}"
+    )
     lines.append(
         f"A batched right after ready vs B one at a time: {len(differ)}/{total} differ bitwise, max |diff| "
         f"{worst:.2e}; differing by A's request time: {dict(when) or 'none'}"
