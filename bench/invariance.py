@@ -2,7 +2,7 @@
 
 Against real servers on the embedded model, per configuration (precision, compile off or compiled
 from a warm cache, WARMPOOL_ENGINES=1 or 2): one probe text alone (its reference), then the probe
-inside `--compositions` random requests (1..50 other texts of 1..150 words, the probe at a random
+inside `--compositions` random requests (1..50 other texts of 1..`--words` words, the probe at a random
 place) sent by 16 concurrent clients; the probe's vectors are compared as raw float32 bytes
 (`encoding_format: base64`). Each distinct bit pattern is then replayed alone on the idle server:
 does the request alone reproduce it, which engine computed it (its CPU time, /proc/PID/stat), in how
@@ -17,7 +17,7 @@ compiled forward (/health/startup's compile detail, polled). The first server is
 has compiled, is sent the same requests again, and its cache serves the compiled cells.
 Prints what was run and a table; never asserts.
 Usage: .venv/bin/python -m bench.invariance [--compositions 300] [--clients 16] [--texts 1000]
-       [--sequential 100] [--cells f32-eager-e1,...] [--compile-wait 600]
+       [--sequential 100] [--words 150] [--cells f32-eager-e1,...] [--compile-wait 600]
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ class Sent:
     end: float
 
 
-def composition(rng: random.Random) -> tuple[list[str], int]:
+def composition(rng: random.Random, words: int) -> tuple[list[str], int]:
     size = rng.randint(1, 50)
-    texts = [" ".join(rng.choices(WORDS, k=rng.randint(1, 150))) for _ in range(size - 1)]
+    texts = [" ".join(rng.choices(WORDS, k=rng.randint(1, words))) for _ in range(size - 1)]
     at = rng.randint(0, size - 1)
     texts.insert(at, PROBE)
     return texts, at
@@ -216,6 +216,7 @@ def run_cell(
     seed: int,
     compile_wait: float,
     sequential: int,
+    words: int,
 ) -> Cell:
     cell = Cell(name)
     server = start(tmp / f"{name}.log", **settings)
@@ -234,7 +235,7 @@ def run_cell(
         cell.engines["compile"] = compile_summary(compile_phase)
         cell.reference = vectors(server.post("/v1/embeddings", json=body([PROBE])).content)[0]
         rng = random.Random(seed)
-        made = [composition(rng) for _ in range(count)]
+        made = [composition(rng, words) for _ in range(count)]
         sent = run(send_all(server.port, [texts for texts, _ in made], clients))
         probes = [answer.vectors[at] for answer, (_, at) in zip(sent, made, strict=True)]
         cell.ran = len(probes)
@@ -369,6 +370,7 @@ def main() -> None:
     parser.add_argument("--cells", default=",".join(CELLS), help=f"of {', '.join(CELLS)}")
     parser.add_argument("--compile-wait", type=float, default=600, help="seconds the first server may take to compile")
     parser.add_argument("--sequential", type=int, default=100, help="compositions sent again from one client")
+    parser.add_argument("--words", type=int, default=150, help="most words of a composition's other texts")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     names = [n for n in args.cells.split(",") if n]
@@ -380,7 +382,12 @@ def main() -> None:
         ),
         "?",
     )
-    print(f"CPU: {cpu}; {args.compositions} compositions per cell, {args.clients} clients; cells {names}", flush=True)
+    print(
+        f"CPU: {cpu}; {args.compositions} compositions per cell (other texts of 1..{args.words} words), "
+        f"{args.clients} clients, {args.sequential} again from one client; {args.texts} after-ready texts; "
+        f"cells {names}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         lines, warm = after_ready(tmp, args.texts, args.compile_wait) if args.texts else ([], None)
@@ -397,7 +404,15 @@ def main() -> None:
             began = time.monotonic()
             cells.append(
                 run_cell(
-                    name, settings, tmp, args.compositions, args.clients, args.seed, args.compile_wait, args.sequential
+                    name,
+                    settings,
+                    tmp,
+                    args.compositions,
+                    args.clients,
+                    args.seed,
+                    args.compile_wait,
+                    args.sequential,
+                    args.words,
                 )
             )
             print(f"{name}: {time.monotonic() - began:.0f} s", flush=True)
