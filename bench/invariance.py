@@ -17,7 +17,7 @@ compiled forward (/health/startup's compile detail, polled). The first server is
 has compiled, is sent the same requests again, and its cache serves the compiled cells.
 Prints what was run and a table; never asserts.
 Usage: .venv/bin/python -m bench.invariance [--compositions 300] [--clients 16] [--texts 1000]
-       [--sequential 100] [--words 150] [--cells f32-eager-e1,...] [--compile-wait 600]
+       [--sequential 100] [--words 150] [--probe TEXT] [--cells f32-eager-e1,...] [--compile-wait 600]
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ import numpy as np
 from bench.common import MODEL, WORDS, Connection, run, sentences
 from tests.server_process import ServerProcess, wait_for
 
+# ~20 tokens; a probe of 11 tokens or fewer (--probe) is alone on a float32 GEMM of that few rows, whose
+# 2-thread path gives other bits than the same rows inside a larger product (one thread: the same)
 PROBE = "the model server answers quickly while batching many small requests into one pass over weights"
 CELLS: dict[str, dict[str, Any]] = {  # name -> settings (compiled cells get the warm cache)
     "f32-eager-e1": {"dtype": "float32", "compile": "off", "engines": 1},
@@ -66,11 +68,11 @@ class Sent:
     end: float
 
 
-def composition(rng: random.Random, words: int) -> tuple[list[str], int]:
+def composition(rng: random.Random, words: int, probe: str) -> tuple[list[str], int]:
     size = rng.randint(1, 50)
     texts = [" ".join(rng.choices(WORDS, k=rng.randint(1, words))) for _ in range(size - 1)]
     at = rng.randint(0, size - 1)
-    texts.insert(at, PROBE)
+    texts.insert(at, probe)
     return texts, at
 
 
@@ -217,6 +219,7 @@ def run_cell(
     compile_wait: float,
     sequential: int,
     words: int,
+    probe: str,
 ) -> Cell:
     cell = Cell(name)
     server = start(tmp / f"{name}.log", **settings)
@@ -233,9 +236,9 @@ def run_cell(
         cell.engines = {"pids": server.phase("engine")["detail"]["pids"]}
         compile_phase = server.phase("compile")
         cell.engines["compile"] = compile_summary(compile_phase)
-        cell.reference = vectors(server.post("/v1/embeddings", json=body([PROBE])).content)[0]
+        cell.reference = vectors(server.post("/v1/embeddings", json=body([probe])).content)[0]
         rng = random.Random(seed)
-        made = [composition(rng, words) for _ in range(count)]
+        made = [composition(rng, words, probe) for _ in range(count)]
         sent = run(send_all(server.port, [texts for texts, _ in made], clients))
         probes = [answer.vectors[at] for answer, (_, at) in zip(sent, made, strict=True)]
         cell.ran = len(probes)
@@ -371,6 +374,7 @@ def main() -> None:
     parser.add_argument("--compile-wait", type=float, default=600, help="seconds the first server may take to compile")
     parser.add_argument("--sequential", type=int, default=100, help="compositions sent again from one client")
     parser.add_argument("--words", type=int, default=150, help="most words of a composition's other texts")
+    parser.add_argument("--probe", default=PROBE, help="the text whose vector is compared")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     names = [n for n in args.cells.split(",") if n]
@@ -385,7 +389,7 @@ def main() -> None:
     print(
         f"CPU: {cpu}; {args.compositions} compositions per cell (other texts of 1..{args.words} words), "
         f"{args.clients} clients, {args.sequential} again from one client; {args.texts} after-ready texts; "
-        f"cells {names}",
+        f"cells {names}; probe {args.probe!r}",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -413,6 +417,7 @@ def main() -> None:
                     args.compile_wait,
                     args.sequential,
                     args.words,
+                    args.probe,
                 )
             )
             print(f"{name}: {time.monotonic() - began:.0f} s", flush=True)
