@@ -1,10 +1,7 @@
 """The request pipeline every pooling route shares: admit, prepare on the executor, run on an engine,
-render on the executor.
-
-A route supplies two synchronous functions: `prepare(raw, ctx) -> Prepared` and
-`render(prepared, outcome, ctx) -> bytes`. Both run on the executor, never on the event loop:
-prepare through Services.off_loop, render handed to the executor by the engine client the moment
-the request's last row arrives.
+render on the executor. A route supplies two synchronous functions, `prepare(raw, ctx) -> Prepared`
+and `render(prepared, outcome, ctx) -> bytes`, both run on the executor, never on the event loop:
+prepare through Services.off_loop, render handed over by the engine client at the request's last row.
 """
 
 from __future__ import annotations
