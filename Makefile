@@ -8,6 +8,9 @@ TORCH_VERSION ?= 2.13.0
 MODEL ?= sentence-transformers/all-MiniLM-L6-v2
 MODEL_DIR := models/all-MiniLM-L6-v2
 STAMP := $(VENV)/.installed
+# make test runs two pytest workers (the process tests wait on servers about half the time), then
+# the tests marked `alone` (a fixed load on both cores) by themselves
+TEST_WORKERS ?= 2
 # Debian's docker.io client builds with BuildKit without the buildx plugin, which a newer client
 # elsewhere on PATH may lack: prefer /usr/bin/docker when there is one.
 DOCKER ?= $(or $(wildcard /usr/bin/docker),docker)
@@ -42,7 +45,8 @@ serve: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m orchestrator
 
 test: $(STAMP) $(MODEL_DIR)/config.json chromium
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=15 --ignore=tests/container $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone" --durations=15 --ignore=tests/container $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m alone --durations=5 --ignore=tests/container $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # tests/test_status_page.py drives Debian's headless chromium: installed here where it is missing (as root).
 .PHONY: chromium

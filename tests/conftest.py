@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,11 +15,40 @@ MODEL_DIR = ROOT / "models" / "all-MiniLM-L6-v2"
 IN_PROCESS = (Path(__file__).parent / "unit", Path(__file__).parent / "app")
 
 
+# The longest files (make test's --durations), sent first to the parallel workers so they end together.
+LONGEST = ("tests/test_compiled_engine.py", "tests/test_lifecycle.py", "tests/test_on_demand.py")
+# Files whose tests share no fixture but the session's: each test a unit of work of its own.
+SPREAD = ("tests/test_compiled_forward.py",)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test outside tests/unit and tests/app starts real server processes: the `slow` layer."""
+    """Every test outside tests/unit and tests/app starts real server processes: the `slow` layer.
+    The process layer runs first, its longest files first, and the many short in-process tests fill
+    the end of a parallel run."""
     for item in items:
         if not any(layer in Path(str(item.fspath)).parents for layer in IN_PROCESS):
             item.add_marker(pytest.mark.slow)
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        file = item.nodeid.split("::")[0]
+        return (item.get_closest_marker("slow") is None, LONGEST.index(file) if file in LONGEST else len(LONGEST))
+
+    items.sort(key=rank)  # stable: collection order within a rank
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` runs two pytest-xdist workers: a file's tests go to one worker together, in order,
+    sharing its module's servers (the zoo, the compile cache), but for SPREAD's; units leave in the
+    collection order above, not by size."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::")[0]
+            return nodeid if file in SPREAD else file
+
+    config.option.loadscopereorder = False
+    return ByFile(config, log)
 
 
 @pytest.fixture(scope="session")

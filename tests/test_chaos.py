@@ -153,6 +153,7 @@ def hang_the_forkserver(server: ServerProcess, load: Load) -> None:
             os.kill(hung, signal.SIGCONT)
 
 
+@pytest.mark.alone  # a stall is a deadline missed: beside another worker a busy engine could miss it too
 def test_chaos_under_load(chaos_server: ServerProcess, st_model) -> None:  # type: ignore[no-untyped-def]
     """Kill and hang engines in turn under load: nothing but 200 (right vectors) or 503/429 with
     Retry-After, probes answer while an engine hangs, and everything drains back to zero."""

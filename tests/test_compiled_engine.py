@@ -1,5 +1,5 @@
-"""Compiled engines: every native family's compiled forward gives the eager engine's numbers, built by
-the real compile worker; a server switches to it under load without a wrong or failed answer, loads it
+"""Compiled engines in servers, built by the real compile worker (each family's compiled numbers:
+test_compiled_forward.py): a server switches to it under load without a wrong or failed answer, loads it
 from the cache before its first request on the next start, and with WARMPOOL_COMPILE=required is not
 ready until compiled."""
 
@@ -21,86 +21,19 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import torch
 
-from common.modelfolder import read_model_folder
-from common.wire import Tokens
 from engine.compiling.artifacts import REASON, write_manifest
-from engine.compiling.compilation import AGREE
-from engine.compiling.package import PACKAGE, CompiledForward, build_package, cache_key
+from engine.compiling.package import PACKAGE, cache_key
 from engine.compiling.worker import build
-from engine.layers.packed import Packed
-from engine.runtime.device import cpu_has, cpu_has_int8, place
-from engine.runtime.model import PoolingModel
 from server.core.outputs import normalize
-from server.tokenizing.tokenizer import TokenizerPool
 from tests.server_process import ServerProcess, serving, wait_for
-from tests.tiny_models import TinyFolders, build_splade
+from tests.test_compiled_forward import TEXTS, eager_answers
+from tests.tiny_models import TinyFolders
 
 pytestmark = pytest.mark.slow
 
-# one folder per native module but nomic_gte's and xlm_roberta's (the server tests below compile
-# those): every graph the exporter meets, heads and attention variants included (the classifier
-# heads, MPNet's bias, ModernBERT's and Gemma 3's band, Gemma 3's grouped heads and embedding scale,
-# Qwen3's causal mask and yes/no score, SPLADE's masked-LM head and vocabulary pooling over BERT)
-FAMILIES = ["xlm-roberta-reranker", "mpnet", "modernbert-reranker", "embeddinggemma", "qwen3-reranker", "splade"]
-TEXTS = [
-    "",
-    "a",
-    "Hello world, the warm pool model",
-    "naïve café 日本語 🙂",
-    "the warm pool engine keeps models loaded " * 20,
-]
 SERVED = {"long_inputs": "truncate", "served_model_name": "m"}  # TEXTS' long one cut; embed()'s model name
 COMPILE_S = 300  # a tiny model compiles in 15-30 s on 2 cores; the deadline is for a loaded machine
-
-
-def eager_answers(folder: Path, model: PoolingModel | None = None) -> np.ndarray:
-    """The engine's answers to TEXTS (embeddings, sparse weights, or scores against a query)."""
-    info = read_model_folder(folder)
-    model = model or PoolingModel(info, threads=1)
-    pool = TokenizerPool(folder, info.pair_template)
-    if info.kind in ("embedding", "sparse"):
-        return model.forward(pool.encode_batch(TEXTS, truncate=info.max_model_len))
-    return model.forward(pool.encode_pairs([("a warm pool", text) for text in TEXTS], truncate=info.max_model_len))
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-def test_compiled_forward_gives_the_eager_engines_numbers(
-    tiny: TinyFolders, model_dir: Path, tmp_path: Path, name: str
-) -> None:
-    """A package built from the engine's model and run on its own weights answers within 1e-5 of the
-    eager engine (which the family tests hold to sentence-transformers and transformers): texts
-    empty, unicode and cut at the model's maximum, in one batch of unequal lengths. Built here, in
-    this process, as the compile worker builds it (the server tests run the worker itself)."""
-    folder = build_splade(tmp_path / "splade", model_dir) if name == "splade" else tiny[name]
-    model = PoolingModel(read_model_folder(folder), threads=1)
-    eager = eager_answers(folder, model)
-    build_package(model.model, Packed.of([Tokens([5] * n) for n in (3, 5, 9)]), tmp_path / "artifact")
-    model.compiled = CompiledForward(tmp_path / "artifact", model.model, tmp_path / "unpacked")
-    compiled = eager_answers(folder, model)
-    assert compiled.shape == eager.shape
-    assert not np.array_equal(eager, np.zeros_like(eager))
-    np.testing.assert_allclose(compiled, eager, atol=1e-5, rtol=1e-6)
-
-
-@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
-def test_a_reduced_precision_package_agrees_with_its_eager_engine(
-    tiny: TinyFolders, tmp_path: Path, precision: str
-) -> None:
-    """bfloat16 (projections on rows rounded up to a step, engine/precision/rows.py) and int8 (int8 products)
-    compile through the same wrapper and answer within the engine's own agreement check of eager.
-    Only where the CPU computes the precision in its own instructions (else the engine refuses it)."""
-    if not (cpu_has(torch.bfloat16) if precision == "bfloat16" else cpu_has_int8()):
-        pytest.skip(f"this CPU has no {precision} instructions: the engine refuses {precision} here")
-    folder = tiny["bert"]
-    model = PoolingModel(read_model_folder(folder), threads=1, placement=place("cpu", precision, []))
-    eager = eager_answers(folder, model)
-    build_package(model.model, Packed.of([Tokens([5] * n) for n in (3, 5, 9)]), tmp_path / "artifact")
-    model.compiled = CompiledForward(tmp_path / "artifact", model.model, tmp_path / "unpacked")
-    compiled = eager_answers(folder, model)
-    assert compiled.shape == eager.shape and np.isfinite(compiled).all()
-    np.testing.assert_allclose(compiled, eager, atol=AGREE[precision], rtol=AGREE[precision])
 
 
 def finished(proc: ServerProcess) -> dict[str, Any] | None:

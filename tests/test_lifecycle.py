@@ -58,6 +58,7 @@ def test_live_answers_before_the_engine_is_loaded(model_dir: Path, log_path: Pat
         assert server.stop() == 0
 
 
+@pytest.mark.alone  # a fixed load on both cores: beside another worker its engine threads thrash
 @pytest.mark.parametrize("engines", [1, 2])
 def test_kill_engine_under_load_recovers(model_dir: Path, log_path: Path, engines: int) -> None:
     """One engine: 503s while it re-forks. Two: the survivor takes the dead one's inputs, no request fails."""
@@ -93,6 +94,7 @@ def test_kill_engine_under_load_recovers(model_dir: Path, log_path: Path, engine
         assert server.stop() == 0
 
 
+@pytest.mark.alone  # a fixed load on both cores: beside another worker its engine threads thrash
 def test_sigterm_finishes_in_flight_requests(model_dir: Path, log_path: Path) -> None:
     # The drain limit is far above the ~10 s this work takes: the test is about nothing lost, not speed.
     server = ServerProcess(model_dir, log_path, max_concurrent_inputs=4096, drain_timeout=90).wait_ready()

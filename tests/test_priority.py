@@ -28,6 +28,7 @@ def one_engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield proc
 
 
+@pytest.mark.alone  # a fixed load on both cores: beside another worker its engine threads thrash
 def test_an_interactive_request_overtakes_a_bulk_flood(one_engine: ServerProcess) -> None:
     """Bulk requests at priority 1 fill the engine's queue; a priority-0 request sent after them
     (its priority in the x-priority header) is answered while most of them still wait."""

@@ -1,16 +1,13 @@
-"""Device selection without torch, and CUDA touched only inside the engine, after the fork."""
+"""Device selection without torch (that CUDA is touched only in the engine, after the fork: tests/test_imports.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from common.devices import DeviceError, engine_device, resolve, visible_gpus
 from common.settings import Settings
-from tests.server_process import ROOT
 
 
 def test_auto_is_the_gpu_when_there_is_one_else_the_cpu() -> None:
@@ -53,38 +50,6 @@ def test_the_cpu_keeps_two_engines_by_default(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     settings = Settings()
     assert settings.resolved_device == "cpu" and 1 <= settings.engine_count <= 2
-
-
-FAKE_CUDA = """
-import sys, torch
-calls = []
-torch.cuda._lazy_init = lambda: calls.append("lazy_init")
-torch.cuda.init = lambda: calls.append("init")
-torch.cuda.is_available = lambda: (calls.append("is_available"), False)[1]
-import engine.process, engine.runtime.model, engine.runtime.device        # what the forkserver preloads
-import orchestrator.__main__, orchestrator.lifecycle       # the HTTP process
-before_fork = list(calls)
-from engine.runtime.device import place
-place("cpu", "auto", [])
-on_cpu = list(calls)
-try:
-    place("cuda:0", "auto", [])
-except Exception as exc:
-    refusal = str(exc)
-print(before_fork, on_cpu, calls, refusal, sep="|")
-"""
-
-
-def test_cuda_is_never_touched_before_the_engine_asks_for_its_device() -> None:
-    """With torch's CUDA entry points faked: importing what the forkserver preloads and the HTTP
-    process touches nothing; a CPU engine touches nothing; only a CUDA engine's own placement asks,
-    and with no CUDA it refuses with the reason."""
-    result = subprocess.run([sys.executable, "-c", FAKE_CUDA], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    before_fork, on_cpu, calls, refusal = result.stdout.strip().splitlines()[-1].split("|")
-    assert before_fork == "[]" and on_cpu == "[]"
-    assert calls == "['is_available']"
-    assert "CUDA is not available" in refusal
 
 
 def test_weight_files_are_known_without_torch(model_dir: Path) -> None:

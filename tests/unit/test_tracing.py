@@ -1,42 +1,12 @@
-"""Tracing's switch and its exporters: off imports no OpenTelemetry SDK, exporter or protobuf in the
-HTTP process; on, spans reach a real OTLP/gRPC receiver through the SDK's exporter."""
+"""Tracing's exporters: spans reach a real OTLP/gRPC receiver through the SDK's exporter (what tracing
+off and on import: tests/test_imports.py)."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
 
 from common.settings import Settings
 from server.core.pipeline import Timings
 from server.http import tracing
 from tests.otlp_receiver import GrpcReceiver
-from tests.server_process import ROOT
-
-HEAVY = ("opentelemetry.sdk", "opentelemetry.exporter", "google.protobuf", "grpc")
-
-
-def loaded_after(code: str) -> list[str]:
-    """The heavy modules present after `code` in a fresh interpreter that imported the HTTP process's modules."""
-    program = (
-        "import sys, json\nimport orchestrator.lifecycle, server.http.app\nfrom server.http import tracing\n"
-        f"from common.settings import Settings\n{code}\n"
-        f"print(json.dumps(sorted({{m for m in sys.modules if m.startswith({HEAVY!r})}})))"
-    )
-    out = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
-
-
-def test_tracing_off_imports_no_sdk_exporter_or_protobuf() -> None:
-    """Without WARMPOOL_OTLP_ENDPOINT, configure() is None and none of the SDK's modules are loaded."""
-    assert loaded_after("assert tracing.configure(Settings()) is None") == []
-
-
-def test_tracing_on_loads_the_sdk_and_its_exporter() -> None:
-    """The counterpart: with an endpoint the SDK and the HTTP exporter (protobuf) are loaded."""
-    loaded = loaded_after("tracing.configure(Settings(otlp_endpoint='http://127.0.0.1:9'))")
-    assert any(m.startswith("opentelemetry.sdk") for m in loaded)
-    assert any(m.startswith("opentelemetry.exporter.otlp.proto.http") for m in loaded)
 
 
 def test_http_endpoint_is_the_base_url() -> None:

@@ -1,6 +1,9 @@
-"""The layering rules, checked at run time in fresh interpreters (import-linter checks them statically).
+"""What each process imports, checked at run time in fresh interpreters (import-linter checks the
+layering rules statically).
 
-- the HTTP process (orchestrator, server) never imports torch or transformers;
+- the HTTP process (orchestrator, server) never imports torch or transformers, nor, with tracing
+  off, OpenTelemetry's SDK, exporters or protobuf;
+- CUDA is touched only inside the engine, after the fork, when its placement asks;
 - an engine module loads nothing of the HTTP side: no web stack, no tokenizers, no metrics
   client, nothing under `orchestrator` or `server`.
 - a model of a native family loads and runs without transformers.
@@ -77,3 +80,61 @@ def test_the_transformers_fallback_loads_only_what_transformers_needs(module: st
     loaded = loaded_packages(f"import {module}")
     assert "transformers" in loaded
     assert set(HTTP_SIDE) & loaded <= ALLOWED[module]
+
+
+FAKE_CUDA = """
+import sys, torch
+calls = []
+torch.cuda._lazy_init = lambda: calls.append("lazy_init")
+torch.cuda.init = lambda: calls.append("init")
+torch.cuda.is_available = lambda: (calls.append("is_available"), False)[1]
+import engine.process, engine.runtime.model, engine.runtime.device        # what the forkserver preloads
+import orchestrator.__main__, orchestrator.lifecycle       # the HTTP process
+before_fork = list(calls)
+from engine.runtime.device import place
+place("cpu", "auto", [])
+on_cpu = list(calls)
+try:
+    place("cuda:0", "auto", [])
+except Exception as exc:
+    refusal = str(exc)
+print(before_fork, on_cpu, calls, refusal, sep="|")
+"""
+
+
+def test_cuda_is_never_touched_before_the_engine_asks_for_its_device() -> None:
+    """With torch's CUDA entry points faked: importing what the forkserver preloads and the HTTP
+    process touches nothing; a CPU engine touches nothing; only a CUDA engine's own placement asks,
+    and with no CUDA it refuses with the reason."""
+    result = subprocess.run([sys.executable, "-c", FAKE_CUDA], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    before_fork, on_cpu, calls, refusal = result.stdout.strip().splitlines()[-1].split("|")
+    assert before_fork == "[]" and on_cpu == "[]"
+    assert calls == "['is_available']"
+    assert "CUDA is not available" in refusal
+
+
+HEAVY = ("opentelemetry.sdk", "opentelemetry.exporter", "google.protobuf", "grpc")
+
+
+def loaded_after(code: str) -> list[str]:
+    """The heavy modules present after `code` in a fresh interpreter that imported the HTTP process's modules."""
+    program = (
+        "import sys, json\nimport orchestrator.lifecycle, server.http.app\nfrom server.http import tracing\n"
+        f"from common.settings import Settings\n{code}\n"
+        f"print(json.dumps(sorted({{m for m in sys.modules if m.startswith({HEAVY!r})}})))"
+    )
+    out = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_tracing_off_imports_no_sdk_exporter_or_protobuf() -> None:
+    """Without WARMPOOL_OTLP_ENDPOINT, configure() is None and none of the SDK's modules are loaded."""
+    assert loaded_after("assert tracing.configure(Settings()) is None") == []
+
+
+def test_tracing_on_loads_the_sdk_and_its_exporter() -> None:
+    """The counterpart: with an endpoint the SDK and the HTTP exporter (protobuf) are loaded."""
+    loaded = loaded_after("tracing.configure(Settings(otlp_endpoint='http://127.0.0.1:9'))")
+    assert any(m.startswith("opentelemetry.sdk") for m in loaded)
+    assert any(m.startswith("opentelemetry.exporter.otlp.proto.http") for m in loaded)

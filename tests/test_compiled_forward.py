@@ -1,0 +1,91 @@
+"""Every native family's compiled forward gives the eager engine's numbers: packages built in this
+process, as the compile worker builds them, then run on the engine's own weights (the servers that
+run the worker itself: test_compiled_engine.py). Each test builds its own package, so a parallel run
+spreads them over its workers."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["DO_NOT_TRACK"] = "1"
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from common.modelfolder import read_model_folder
+from common.wire import Tokens
+from engine.compiling.compilation import AGREE
+from engine.compiling.package import CompiledForward, build_package
+from engine.layers.packed import Packed
+from engine.runtime.device import cpu_has, cpu_has_int8, place
+from engine.runtime.model import PoolingModel
+from server.tokenizing.tokenizer import TokenizerPool
+from tests.tiny_models import TinyFolders, build_splade
+
+pytestmark = pytest.mark.slow
+
+# one folder per native module but nomic_gte's and xlm_roberta's (test_compiled_engine's servers compile
+# those): every graph the exporter meets, heads and attention variants included (the classifier
+# heads, MPNet's bias, ModernBERT's and Gemma 3's band, Gemma 3's grouped heads and embedding scale,
+# Qwen3's causal mask and yes/no score, SPLADE's masked-LM head and vocabulary pooling over BERT)
+FAMILIES = ["xlm-roberta-reranker", "mpnet", "modernbert-reranker", "embeddinggemma", "qwen3-reranker", "splade"]
+TEXTS = [
+    "",
+    "a",
+    "Hello world, the warm pool model",
+    "naïve café 日本語 🙂",
+    "the warm pool engine keeps models loaded " * 20,
+]
+
+
+def eager_answers(folder: Path, model: PoolingModel | None = None) -> np.ndarray:
+    """The engine's answers to TEXTS (embeddings, sparse weights, or scores against a query)."""
+    info = read_model_folder(folder)
+    model = model or PoolingModel(info, threads=1)
+    pool = TokenizerPool(folder, info.pair_template)
+    if info.kind in ("embedding", "sparse"):
+        return model.forward(pool.encode_batch(TEXTS, truncate=info.max_model_len))
+    return model.forward(pool.encode_pairs([("a warm pool", text) for text in TEXTS], truncate=info.max_model_len))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_compiled_forward_gives_the_eager_engines_numbers(
+    tiny: TinyFolders, model_dir: Path, tmp_path: Path, name: str
+) -> None:
+    """A package built from the engine's model and run on its own weights answers within 1e-5 of the
+    eager engine (which the family tests hold to sentence-transformers and transformers): texts
+    empty, unicode and cut at the model's maximum, in one batch of unequal lengths. Built here, in
+    this process, as the compile worker builds it (the server tests run the worker itself)."""
+    folder = build_splade(tmp_path / "splade", model_dir) if name == "splade" else tiny[name]
+    model = PoolingModel(read_model_folder(folder), threads=1)
+    eager = eager_answers(folder, model)
+    build_package(model.model, Packed.of([Tokens([5] * n) for n in (3, 5, 9)]), tmp_path / "artifact")
+    model.compiled = CompiledForward(tmp_path / "artifact", model.model, tmp_path / "unpacked")
+    compiled = eager_answers(folder, model)
+    assert compiled.shape == eager.shape
+    assert not np.array_equal(eager, np.zeros_like(eager))
+    np.testing.assert_allclose(compiled, eager, atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_a_reduced_precision_package_agrees_with_its_eager_engine(
+    tiny: TinyFolders, tmp_path: Path, precision: str
+) -> None:
+    """bfloat16 (projections on rows rounded up to a step, engine/precision/rows.py) and int8 (int8 products)
+    compile through the same wrapper and answer within the engine's own agreement check of eager.
+    Only where the CPU computes the precision in its own instructions (else the engine refuses it)."""
+    if not (cpu_has(torch.bfloat16) if precision == "bfloat16" else cpu_has_int8()):
+        pytest.skip(f"this CPU has no {precision} instructions: the engine refuses {precision} here")
+    folder = tiny["bert"]
+    model = PoolingModel(read_model_folder(folder), threads=1, placement=place("cpu", precision, []))
+    eager = eager_answers(folder, model)
+    build_package(model.model, Packed.of([Tokens([5] * n) for n in (3, 5, 9)]), tmp_path / "artifact")
+    model.compiled = CompiledForward(tmp_path / "artifact", model.model, tmp_path / "unpacked")
+    compiled = eager_answers(folder, model)
+    assert compiled.shape == eager.shape and np.isfinite(compiled).all()
+    np.testing.assert_allclose(compiled, eager, atol=AGREE[precision], rtol=AGREE[precision])
