@@ -206,6 +206,7 @@ def test_too_many_engine_restarts_exit_nonzero(model_dir: Path, log_path: Path) 
         server.stop()
 
 
+@pytest.mark.alone  # a stall is a deadline missed: beside another worker a busy engine could miss it too
 def test_a_stopped_engine_is_killed_and_replaced_without_failing_requests(model_dir: Path, log_path: Path) -> None:
     """SIGSTOP an engine under load: past the stall timeout it is killed and re-forked, its inputs
     move to the other engine, and every request still gets 200."""
