@@ -337,7 +337,7 @@ class SettingFields(BaseSettings):
         ),
         description=(
             "Folder of the Batch API's files and jobs (SQLite): mount a volume there so that jobs survive a "
-            "restart and resume where they stopped ([Batches](../api/batches.md))."
+            "restart and resume where they stopped ([Batches](../batches.md))."
         ),
         json_schema_extra={
             "default_text": "`~/.local/state/warmpool/batches` (`/var/lib/warmpool/batches` in the image, a volume)"

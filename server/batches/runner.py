@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from pathlib import Path
 
@@ -46,7 +47,8 @@ class BatchRunner:
     def start(self) -> None:
         """Run (and resume) jobs from now on: at the server's start, and at the first batch request."""
         if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._run())
+            # a context of its own: not the log fields (request id) of the request that started it
+            self._task = asyncio.get_running_loop().create_task(self._run(), context=contextvars.Context())
 
     def wake(self) -> None:
         self.start()
