@@ -114,10 +114,9 @@ class BatchStore:
         rows = self._query("SELECT record FROM files WHERE id = ?", file_id)
         return orjson.loads(rows[0][0]) if rows else None
 
-    def files(self, after: str | None, limit: int, purpose: str | None = None) -> list[dict[str, Any]]:
+    def files(self, after: str | None, limit: int) -> list[dict[str, Any]]:
         """Newest first, from after the file `after`; limit + 1 of them (the caller's has_more)."""
-        records = self._page("files", after, limit)
-        return [r for r in records if purpose is None or r["purpose"] == purpose]
+        return self._page("files", after, limit)
 
     def delete_file(self, file_id: str) -> bool:
         with self._lock:
@@ -226,6 +225,8 @@ class BatchStore:
             file_id = f"file-{batch_id.removeprefix('batch_')}-{which}"
             if path.exists():
                 path.rename(self.file_path(file_id))
+            elif not self.file_path(file_id).exists():  # cancelled before its first line
+                self.file_path(file_id).touch()
             self._register(file_id, f"{batch_id}_{which}.jsonl", "batch_output", size)
             ids[f"{which}_file_id"] = file_id
         return ids

@@ -13,19 +13,21 @@ from typing import Any
 
 import numpy as np
 import pytest
-from openai import BadRequestError, OpenAI
-from openai.types import Batch
+from openai import APIStatusError, BadRequestError, OpenAI
+from openai.types import Batch, FileObject
 
 from tests.app.inprocess import InProcessServer, serving
 from tests.server_process import wait_for
 
 DONE_TIMEOUT_S = 60.0
+FILE_LIMIT = 4 * 1024 * 1024  # above WARMPOOL_MAX_BODY_BYTES' default (2 MiB)
 FINISHED = ("completed", "failed", "cancelled", "expired")
 
 
 @pytest.fixture(scope="module")
 def batch_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
-    with serving(model_dir, batch_dir=tmp_path_factory.mktemp("batches"), batch_concurrency=2) as app:
+    folder = tmp_path_factory.mktemp("batches")
+    with serving(model_dir, batch_dir=folder, batch_concurrency=2, batch_max_file_bytes=FILE_LIMIT) as app:
         yield app
 
 
@@ -70,6 +72,10 @@ def test_batch_answers_equal_the_embeddings_route(client: OpenAI) -> None:
     assert batch.request_counts is not None
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (7, 7, 0)
     assert batch.error_file_id is None and batch.in_progress_at and batch.completed_at
+    raw = client.batches.with_raw_response.retrieve(batch.id).http_response.json()
+    Batch.model_validate(raw, strict=True)  # every field as the client's type declares it
+    assert batch.output_file_id is not None
+    FileObject.model_validate(client.files.with_raw_response.retrieve(batch.output_file_id).http_response.json())
     output = lines_of(client, batch.output_file_id)
     assert [line["custom_id"] for line in output] == list(inputs)
     for line in output:
@@ -176,3 +182,15 @@ def test_deleted_file_is_gone(client: OpenAI) -> None:
     assert upload.id in [f.id for f in client.files.list()]
     assert client.files.delete(upload.id).deleted
     assert upload.id not in [f.id for f in client.files.list()]
+
+
+def test_an_upload_is_bounded_by_the_file_limit_not_the_body_limit(client: OpenAI) -> None:
+    line = json.dumps(embedding_line("x", "y" * 1000)).encode() + b"\n"
+    data = line * (3 * 1024 * 1024 // len(line))
+    assert client.files.create(file=("big.jsonl", io.BytesIO(data)), purpose="batch").bytes == len(data)
+
+
+def test_an_upload_over_the_file_limit_is_a_413(client: OpenAI) -> None:
+    with pytest.raises(APIStatusError) as refused:
+        client.files.create(file=("huge.jsonl", io.BytesIO(b"x" * (FILE_LIMIT + 1))), purpose="batch")
+    assert refused.value.status_code == 413 and refused.value.code == "file_too_large"

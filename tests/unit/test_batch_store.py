@@ -60,6 +60,12 @@ def test_a_publish_cut_short_is_redone(tmp_path: Path) -> None:
     assert store.file_path(first["output_file_id"]).read_bytes() == b"a\n"
 
 
+def test_a_job_cancelled_before_its_first_line_publishes_an_empty_output(tmp_path: Path) -> None:
+    store = BatchStore(tmp_path, RETENTION_S)
+    published = store.publish(job(store))
+    assert store.file_path(published["output_file_id"]).read_bytes() == b""
+
+
 @pytest.mark.parametrize(
     ("status", "to"), [("completed", "cancelling"), ("validating", "completed"), ("cancelling", "in_progress")]
 )
