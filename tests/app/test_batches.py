@@ -151,6 +151,29 @@ def test_cancel_stops_a_running_job(client: OpenAI) -> None:
     assert [line["custom_id"] for line in done] == [f"c{i}" for i in range(len(done))]
 
 
+def test_a_stopped_runner_resumes_its_job_at_the_next_start(client: OpenAI, batch_server: InProcessServer) -> None:
+    """What the drain does (LifecycleServer.drain stops the runner, boot starts it): the group in
+    flight is dropped and run again, no line lost or answered twice."""
+    runner = batch_server.services.batches
+    assert runner is not None and batch_server.client.portal is not None
+    lines = [embedding_line(f"s{i}", [f"text {i} {j}" for j in range(4)]) for i in range(30)]
+    batch = submitted(client, jsonl(lines))
+
+    def started() -> bool:
+        counts = client.batches.retrieve(batch.id).request_counts
+        return counts is not None and counts.completed > 0
+
+    wait_for(started, DONE_TIMEOUT_S, "the job's first group")
+    batch_server.client.portal.call(runner.stop)
+    stopped = client.batches.retrieve(batch.id)
+    assert stopped.status == "in_progress" and stopped.request_counts is not None
+    assert stopped.request_counts.completed < 30
+    batch_server.client.portal.call(runner.start)
+    batch = finished(client, batch.id)
+    assert batch.status == "completed"
+    assert [line["custom_id"] for line in lines_of(client, batch.output_file_id)] == [f"s{i}" for i in range(30)]
+
+
 def test_unwritable_folder_fails_the_job_not_the_server(client: OpenAI, batch_server: InProcessServer) -> None:
     assert batch_server.services.batches is not None
     outputs = batch_server.services.batches.store.root / "outputs"
