@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from server.batches import lines
 from server.batches.endpoints import ENDPOINTS
@@ -20,10 +20,11 @@ from server.core.services import Services, services
 from server.http.errors import APIError, bad_request
 from server.protocols.batches import BatchRequest
 from server.protocols.openai import openapi_body
-from server.routes.files import LIST_LIMIT, in_store, page, runner
+from server.routes.files import in_store, listed, runner
 
 router = APIRouter(tags=["batches"])
 WINDOW_S = 24 * 3600  # completion_window "24h": a job still running past it expires
+LIST_LIMIT_BATCHES = 100  # OpenAI's bound on a page of batches
 
 
 def checked_batch(svc: Services, store: BatchStore, raw: bytes) -> dict[str, Any]:
@@ -109,6 +110,5 @@ async def cancel_batch(batch_id: str, request: Request) -> JSONResponse:
 
 
 @router.get("/v1/batches")
-async def list_batches(request: Request, after: str | None = None, limit: int = 20) -> JSONResponse:
-    limit = max(1, min(limit, LIST_LIMIT))
-    return JSONResponse(page(await in_store(request, runner(request).store.batches, after, limit), limit))
+async def list_batches(request: Request, after: str | None = None, limit: int = 20) -> Response:
+    return await listed(request, runner(request).store.batches, after, max(1, min(limit, LIST_LIMIT_BATCHES)))

@@ -3,10 +3,12 @@ DELETE /v1/files/{id}, GET /v1/files/{id}/content. Stored in WARMPOOL_BATCH_DIR 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
@@ -100,19 +102,22 @@ async def delete_file(file_id: str, request: Request) -> JSONResponse:
 
 
 @router.get("/v1/files")
-async def list_files(request: Request, after: str | None = None, limit: int = LIST_LIMIT) -> JSONResponse:
-    limit = max(1, min(limit, LIST_LIMIT))
-    records = await in_store(request, runner(request).store.files, after, limit)
-    return JSONResponse(page(records, limit))
+async def list_files(request: Request, after: str | None = None, limit: int = LIST_LIMIT) -> Response:
+    return await listed(request, runner(request).store.files, after, max(1, min(limit, LIST_LIMIT)))
 
 
-def page(records: list[dict[str, Any]], limit: int) -> dict[str, Any]:
-    """OpenAI's cursor page: `records` holds up to limit + 1, the one past the page saying has_more."""
-    data = records[:limit]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": len(records) > limit,
-    }
+async def listed(
+    request: Request, records: Callable[[str | None, int], list[dict[str, Any]]], after: str | None, limit: int
+) -> Response:
+    """OpenAI's cursor page of `records` (up to limit + 1: the one past the page says has_more),
+    read and rendered on the executor (a page may hold thousands)."""
+
+    def page() -> bytes:
+        found = records(after, limit)
+        data = found[:limit]
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        return orjson.dumps(
+            {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": len(found) > limit}
+        )
+
+    return Response(await in_store(request, page), media_type="application/json")
