@@ -25,7 +25,8 @@ LIST_LIMIT = 10000
 def runner(request: Request) -> BatchRunner:
     svc = services(request)
     assert svc.batches is not None
-    svc.batches.start()
+    if not svc.startup.draining:  # the drain stopped it: jobs resume at the next start
+        svc.batches.start()
     return svc.batches
 
 
