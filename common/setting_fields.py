@@ -331,6 +331,28 @@ class SettingFields(BaseSettings):
     )
     load_wait: float = Field(30.0, gt=0, description="Seconds a held request waits (then 503 with `Retry-After`).")
 
+    batch_dir: Path = Field(
+        default_factory=lambda: (
+            Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "warmpool" / "batches"
+        ),
+        description=(
+            "Folder of the Batch API's files and jobs (SQLite): mount a volume there so that jobs survive a "
+            "restart and resume where they stopped ([Batches](../batches.md))."
+        ),
+        json_schema_extra={
+            "default_text": "`~/.local/state/warmpool/batches` (`/var/lib/warmpool/batches` in the image, a volume)"
+        },
+    )
+    batch_max_file_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="Largest file `POST /v1/files` accepts, in bytes (413 past it)."
+    )
+    batch_retention: float = Field(
+        7 * 86400.0, gt=0, description="Seconds a Batch API file or finished job is kept, then deleted."
+    )
+    batch_concurrency: int = Field(
+        8, ge=1, le=256, description="Lines of a batch job run at once, at bulk priority (interactive requests first)."
+    )
+
     api_key: SecretStr | None = Field(None, description="Bearer token required on API routes.")
     api_key_file: Path | None = Field(None, description="File holding the API key (a mounted secret).")
 

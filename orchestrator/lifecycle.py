@@ -161,6 +161,8 @@ class LifecycleServer(uvicorn.Server):
         if any(m.keep_alive is not None and m.resident == "auto" for m in self.models):
             self._spawn(self.pool.keep_alive())
         self.services.booted.set()  # held requests (WARMPOOL_HOLD_DURING_START) go on: served, or refused
+        if self.services.batches is not None and not self._draining:
+            self.services.batches.start()  # jobs a stop or a crash interrupted resume
         if len(self.models) > 1 and any(booted) and not startup.failed and not self._draining:
             startup.start("ready")
             startup.done("ready", models=[s.model_name for s, ok in zip(self.models, booted, strict=True) if ok])
@@ -240,6 +242,8 @@ class LifecycleServer(uvicorn.Server):
         svc = self.services
         svc.startup.draining = True
         svc.booted.set()  # held requests are answered 503 (draining) at once
+        if svc.batches is not None:
+            await svc.batches.stop()  # its running group is dropped: resumed from its last commit at the next start
         log.info("draining", in_flight=svc.in_flight, timeout_s=svc.settings.drain_timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + svc.settings.drain_timeout

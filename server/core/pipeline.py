@@ -12,7 +12,7 @@ import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -24,6 +24,7 @@ from common.wire import Tokens
 from server.core.engine_client import EngineFailed, EngineUnavailable, Outcome
 from server.core.inputs import ModelStarting, RequestContext, overloaded
 from server.core.services import ServedModel, Services, services
+from server.core.timings import Timings
 from server.http.errors import APIError, ClientDisconnected, Shape, bad_request
 from server.protocols.openai import PRIORITY_LIMIT
 from server.vision.url_images import UrlImages
@@ -50,49 +51,6 @@ class Prepared(Generic[B, S]):
 
 Prepare = Callable[[bytes, RequestContext], Prepared[Any, Any]]
 Render = Callable[[Prepared[Any, Any], Outcome, RequestContext], bytes]
-
-
-@dataclass
-class Timings:
-    """TEI's timing headers, in milliseconds; and when each stage ended (perf_counter), for traces."""
-
-    started: float = field(default_factory=time.perf_counter)
-    wall_ns: int = field(default_factory=time.time_ns)  # `started` on the clock spans are stamped with
-    tokenization_ms: float = 0.0
-    queue_ms: float = 0.0
-    inference_ms: float = 0.0
-    arrived: float | None = None  # the body read
-    submitted: float | None = None  # prepared: sent to the engine
-    answered: float | None = None  # rendered
-
-    def stages(self) -> list[tuple[str, int, int]]:
-        """(name, start, end) in ns since the epoch, for the stages the request went through."""
-
-        def ns(at: float) -> int:
-            return self.wall_ns + int((at - self.started) * 1e9)
-
-        if self.arrived is None:
-            return []
-        stages = [("read body", ns(self.started), ns(self.arrived))]
-        if self.submitted is None:
-            return stages
-        queued = self.submitted + self.queue_ms / 1000
-        inferred = queued + self.inference_ms / 1000
-        stages.append(("tokenize", ns(self.arrived), ns(self.submitted)))
-        if self.answered is not None:
-            stages.append(("queue", ns(self.submitted), ns(queued)))
-            stages.append(("inference", ns(queued), ns(inferred)))
-            stages.append(("render", ns(inferred), ns(max(self.answered, inferred))))
-        return stages
-
-    def headers(self) -> dict[str, str]:
-        total = (time.perf_counter() - self.started) * 1000
-        return {
-            "x-total-time": f"{total:.0f}",
-            "x-tokenization-time": f"{self.tokenization_ms:.0f}",
-            "x-queue-time": f"{self.queue_ms:.0f}",
-            "x-inference-time": f"{self.inference_ms:.0f}",
-        }
 
 
 def request_context(svc: Services) -> RequestContext:
@@ -221,30 +179,10 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
         await svc.serving_model()  # 503 before reading the body of a request that cannot be served
         priority = header_priority(request)
         raw = await read_body(request, svc)
-    arrived = timings.arrived = time.perf_counter()  # tokenization time counts from here, not from the upload
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + svc.settings.request_timeout
+    timings.arrived = time.perf_counter()  # tokenization time counts from here, not from the upload
     gone = asyncio.ensure_future(_client_gone(request))
     try:
-        with admitted(svc, shape, priority) as ctx:
-            traced["model"] = ctx.model_name
-            try:
-                prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
-            except ModelStarting as starting:
-                if not await _woken(svc, ctx, starting):  # a model on demand: its load awaited
-                    if not svc.holding():
-                        raise
-                    await svc.until_booted()  # its permit held meanwhile: held requests count as admitted
-                prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
-            timings.submitted = time.perf_counter()
-            timings.tokenization_ms = (timings.submitted - arrived) * 1000
-            if prepared.tokens:
-                outcome = await run_on_engine(
-                    svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx), deadline
-                )
-            else:  # answered without the engine (an inference-free sparse model's queries)
-                outcome = Outcome(np.empty((0, 0), dtype=np.float32), 0.0, 0.0)
-                outcome.rendered = await svc.off_loop(render, prepared, outcome, ctx)
+        prepared, outcome, ctx = await respond(svc, prepare, render, raw, shape, priority, traced, gone)
     finally:
         gone.cancel()
     timings.answered = time.perf_counter()
@@ -255,6 +193,44 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
         "model": ctx.model_name,
     }
     return json_response(outcome.rendered, timings)
+
+
+async def respond(
+    svc: Services,
+    prepare: Prepare,
+    render: Render,
+    raw: bytes,
+    shape: Shape,
+    priority: int,
+    traced: dict[str, Any],
+    gone: asyncio.Future[Any],
+) -> tuple[Prepared[Any, Any], Outcome, RequestContext]:
+    """A body that has arrived, admitted, prepared, run and rendered (`outcome.rendered`): what an
+    HTTP request and a batch job's line (server/core/internal.py) share. `gone` done: given up (499).
+    `traced` holds the request's Timings and gets its model."""
+    timings: Timings = traced["timings"]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + svc.settings.request_timeout
+    with admitted(svc, shape, priority) as ctx:
+        traced["model"] = ctx.model_name
+        try:
+            prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
+        except ModelStarting as starting:
+            if not await _woken(svc, ctx, starting):  # a model on demand: its load awaited
+                if not svc.holding():
+                    raise
+                await svc.until_booted()  # its permit held meanwhile: held requests count as admitted
+            prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
+        timings.submitted = time.perf_counter()
+        timings.tokenization_ms = (timings.submitted - (timings.arrived or timings.started)) * 1000
+        if prepared.tokens:
+            outcome = await run_on_engine(
+                svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx), deadline
+            )
+        else:  # answered without the engine (an inference-free sparse model's queries)
+            outcome = Outcome(np.empty((0, 0), dtype=np.float32), 0.0, 0.0)
+            outcome.rendered = await svc.off_loop(render, prepared, outcome, ctx)
+    return prepared, outcome, ctx
 
 
 async def prepare_in_time(

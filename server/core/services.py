@@ -7,7 +7,7 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from fastapi import Request
 
@@ -20,6 +20,9 @@ from server.http.errors import APIError
 from server.http.metrics import Metrics
 from server.http.tracing import Tracing
 from server.tokenizing.tokenizer import TokenizerPool
+
+if TYPE_CHECKING:
+    from server.batches.runner import BatchRunner
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -81,6 +84,7 @@ class Services:
     held: int = 0  # requests waiting for the start to end (WARMPOOL_HOLD_DURING_START)
     loader: ModelLoader | None = None  # set by the orchestrator: models on demand
     last_used: dict[str, float] = field(default_factory=dict)  # model -> time.time() of its last answer
+    batches: BatchRunner | None = None  # the Batch API's jobs (server/http/app.py makes it)
     admission: Admission = field(init=False)
     metrics: Metrics = field(init=False)
 

@@ -9,14 +9,17 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from common.settings import Settings
+from server.batches.runner import BatchRunner
 from server.core.services import Services
 from server.http import errors
 from server.http.direct import DirectRoutes
 from server.http.middleware import ApiKeyGuard, BodyLimit, RequestTracking
 from server.routes import (
+    batches,
     classify,
     cohere,
     embeddings,
+    files,
     health,
     metrics,
     models,
@@ -36,8 +39,23 @@ def create_app(svc: Services) -> FastAPI:
         description="Pooling models (embeddings, classification, scoring) over OpenAI, vLLM, TEI and Cohere APIs.",
     )
     app.state.services = svc
+    svc.batches = BatchRunner(svc)
     errors.install(app)
-    modules = (health, metrics, models, embeddings, classify, score, tokenize, tei, sparse, cohere, status_page)
+    modules = (
+        health,
+        metrics,
+        models,
+        embeddings,
+        classify,
+        score,
+        tokenize,
+        tei,
+        sparse,
+        cohere,
+        files,
+        batches,
+        status_page,
+    )
     for module in modules:
         app.include_router(module.router)
     app.state.api_routes = [route for module in modules for route in module.router.routes]

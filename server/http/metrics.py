@@ -165,6 +165,12 @@ class Metrics:
             "Requests whose client left before the answer",
             registry=registry,
         )
+        self.batch_lines = Counter(
+            "warmpool_batch_lines_total",
+            "Batch API lines answered: completed (an output line) or failed (an error line)",
+            ["state"],
+            registry=registry,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -16,6 +16,7 @@ from server.http.errors import APIError, error_response
 OPEN_PATHS = ("/health", "/version", "/metrics", "/status")
 OPEN_PAGES = ("/",)  # open to GET only (the status page): POST / is an API route and keeps the key
 TRACESTATE_LIMIT = 8192  # 32 entries of 256 characters, what W3C trace context allows
+UPLOAD_FORM_BYTES = 64 * 1024  # a Batch API upload's multipart framing and its other fields
 QUIET_PATHS = ("/health", "/metrics", "/status")  # probes, scrapes and the status page's polls log at debug level
 
 access_log = structlog.get_logger("warmpool.access")
@@ -109,14 +110,18 @@ class BodyLimit:
         self.app = app
         self.svc = svc
         self.limit = svc.settings.max_body_bytes
+        # a Batch API upload is bounded by its own limit (and its form's few fields)
+        self.upload_limit = svc.settings.batch_max_file_bytes + UPLOAD_FORM_BYTES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        upload = scope["path"] == "/v1/files" and scope["method"] == "POST"
+        limit = self.upload_limit if upload else self.limit
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._reject(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._reject(scope, receive, send, limit)
             return
         seen = 0
 
@@ -124,19 +129,19 @@ class BodyLimit:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.limit:
+            if seen > limit:
                 self.svc.metrics.rejections.labels(reason="body_too_large").inc()
-                raise self._too_large()
+                raise self._too_large(limit)
             return message
 
         await self.app(scope, counting_receive, send)
 
-    def _too_large(self) -> APIError:
-        return APIError(413, f"request body is larger than the limit of {self.limit} bytes", code="body_too_large")
+    def _too_large(self, limit: int) -> APIError:
+        return APIError(413, f"request body is larger than the limit of {limit} bytes", code="body_too_large")
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         self.svc.metrics.rejections.labels(reason="body_too_large").inc()
-        await error_response(self._too_large())(scope, receive, send)
+        await error_response(self._too_large(limit))(scope, receive, send)
 
 
 class ApiKeyGuard:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
-    from server.core.pipeline import Timings
+    from server.core.timings import Timings
 
 EXPORT_TIMEOUT_S = 5.0  # a collector that does not answer costs one batch's wait, not the shutdown
 SHUTDOWN_TIMEOUT_S = 3.0  # what SIGTERM waits for queued spans to leave

@@ -109,3 +109,10 @@ def test_an_open_prefix_with_dot_segments_needs_the_key(path: str) -> None:
 def test_the_open_paths_stay_open() -> None:
     assert guarded_status("s3cret", None, "/health/ready", "GET") == 200
     assert guarded_status("s3cret", None, "/", "GET") == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "method"), [("/v1/files", "POST"), ("/v1/files/f/content", "GET"), ("/v1/batches", "GET")]
+)
+def test_the_batch_api_needs_the_key(path: str, method: str) -> None:
+    assert guarded_status("s3cret", None, path, method) == 401

@@ -1,0 +1,219 @@
+"""BatchRunner — the Batch API's jobs, run one after another in the HTTP process, each line through its
+route's own prepare and render (server/core/internal.py) at bulk priority, so interactive requests
+go first (admission keeps them their reserve; engines take more urgent inputs between groups).
+
+A job runs in groups of lines (WARMPOOL_BATCH_CONCURRENCY at once): a group's answers are written
+and committed together (store.append), in input order. A job the server stopped (a restart, a
+crash) is resumed at the next start from its last committed group. A folder that cannot be written
+fails the job with the reason; the server serves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import time
+from pathlib import Path
+
+import structlog
+
+from server.batches import lines
+from server.batches.endpoints import ENDPOINTS, Endpoint
+from server.batches.states import StateError
+from server.batches.store import BatchStore, Progress
+from server.core.internal import answer_body
+from server.core.services import Services
+from server.http.errors import ClientDisconnected
+
+log = structlog.get_logger("warmpool.batches")
+
+BATCH_PRIORITY = 1000  # bulk: above 0, so interactive requests (0, or their own priority) go first
+GROUP_PER_LINE_AT_ONCE = 4  # a group is this many times the lines run at once: one fsync per group
+SWEEP_S = 600.0  # how often files and jobs past WARMPOOL_BATCH_RETENTION are looked for
+RETRY_MAX_S = 1.0  # a line refused for a full server (429) or no engine (503) is tried again, backing off to this
+
+
+class BatchRunner:
+    def __init__(self, svc: Services) -> None:
+        settings = svc.settings
+        self.svc = svc
+        self.store = BatchStore(Path(settings.batch_dir), settings.batch_retention)
+        self.concurrency = settings.batch_concurrency
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._stops: dict[str, asyncio.Future[None]] = {}  # running job -> done when it is to stop
+
+    def start(self) -> None:
+        """Run (and resume) jobs from now on: at the server's start, and at the first batch request."""
+        if self._task is None or self._task.done():
+            # a context of its own: not the log fields (request id) of the request that started it
+            self._task = asyncio.get_running_loop().create_task(self._run(), context=contextvars.Context())
+
+    def wake(self) -> None:
+        self.start()
+        self._wake.set()
+
+    def cancel(self, batch_id: str) -> None:
+        """The job (moved to cancelling) stops: lines in flight are dropped, its group not written."""
+        stop = self._stops.get(batch_id)
+        if stop is not None and not stop.done():
+            stop.set_result(None)
+        self.wake()
+
+    async def stop(self) -> None:
+        """The server stops: the running job's uncommitted group is dropped; it resumes at the next start."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        swept = float("-inf")
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            try:
+                if loop.time() - swept > SWEEP_S:
+                    swept = loop.time()
+                    await self.svc.off_loop(self.store.sweep, time.time())
+                for batch_id in await self.svc.off_loop(self.store.unfinished):
+                    await self._job(batch_id)
+            except Exception as exc:  # an unusable folder: the batch routes say so
+                log.error("batch_runner_error", error=repr(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), SWEEP_S)
+
+    async def _job(self, batch_id: str) -> None:
+        stop = asyncio.get_running_loop().create_future()
+        self._stops[batch_id] = stop
+        try:
+            await self._drive(batch_id, stop)
+        except OSError as exc:
+            await self._fail(batch_id, f"the batch folder could not be written: {exc}")
+        finally:
+            self._stops.pop(batch_id, None)
+
+    async def _drive(self, batch_id: str, stop: asyncio.Future[None]) -> None:
+        off_loop, store = self.svc.off_loop, self.store
+        record = await off_loop(store.batch, batch_id)
+        assert record is not None
+        if record["status"] == "cancelling":
+            await self._cancelled(batch_id)
+            return
+        if record["status"] == "finalizing":
+            await self._completed(batch_id)
+            return
+        source = store.file_path(record["input_file_id"])
+        found = await off_loop(lines.scan, source)
+        if record["status"] == "validating":
+            counts = {"total": found.total, "completed": 0, "failed": 0}
+            record = await off_loop(store.move, batch_id, "in_progress", request_counts=counts)
+        endpoint = ENDPOINTS[record["endpoint"]]
+        progress = await off_loop(store.reopen, batch_id)
+        log.info("batch_running", batch=batch_id, line=progress.next_line, total=found.total)
+        while progress.next_line < found.total and not stop.done():
+            if time.time() > record["expires_at"]:
+                await self._expired(batch_id)
+                return
+            group, in_offset = await off_loop(lines.read_group, source, progress.in_offset, self.group_size)
+            answered = await self._group(record["endpoint"], endpoint, group, progress.next_line, found, stop)
+            if answered is None:
+                break  # cancelled: the group's answers are dropped
+            output, errors, ok, failed = answered
+            progress = Progress(
+                in_offset,
+                progress.next_line + len(group),
+                progress.out_offset + len(output),
+                progress.err_offset + len(errors),
+            )
+            await off_loop(store.append, batch_id, progress, output, errors, ok, failed)
+            self.svc.metrics.batch_lines.labels(state="completed").inc(ok)
+            self.svc.metrics.batch_lines.labels(state="failed").inc(failed)
+        try:
+            await off_loop(store.move, batch_id, "finalizing")
+        except StateError:  # cancelled meanwhile
+            await self._cancelled(batch_id)
+            return
+        await self._completed(batch_id)
+
+    @property
+    def group_size(self) -> int:
+        return self.concurrency * GROUP_PER_LINE_AT_ONCE
+
+    async def _group(
+        self,
+        url: str,
+        endpoint: Endpoint,
+        group: list[bytes],
+        first: int,
+        found: lines.Scan,
+        stop: asyncio.Future[None],
+    ) -> tuple[bytes, bytes, int, int] | None:
+        """The group's output and error lines and their counts; None if the job was cancelled."""
+        checked = await self.svc.off_loop(
+            lambda: [lines.check(raw, first + i, url, found.duplicates) for i, raw in enumerate(group)]
+        )
+        at_once = asyncio.Semaphore(self.concurrency)
+
+        async def run(line: lines.Line) -> tuple[int, bytes] | None:
+            if line.error is not None:
+                return None
+            async with at_once:
+                return await self._line(endpoint, line.body, stop)
+
+        try:
+            answers = await asyncio.gather(*(run(line) for line in checked))
+        except ClientDisconnected:
+            return None
+        return await self.svc.off_loop(_assembled, checked, answers)
+
+    async def _line(self, endpoint: Endpoint, body: bytes, stop: asyncio.Future[None]) -> tuple[int, bytes]:
+        """The route's answer; a full server or no engine is waited out (the job's lines are bulk)."""
+        delay = 0.05
+        while True:
+            status, answer = await answer_body(self.svc, endpoint.prepare, endpoint.render, body, BATCH_PRIORITY, stop)
+            if status not in (429, 503):
+                return status, answer
+            await asyncio.wait([stop], timeout=delay)
+            if stop.done():
+                raise ClientDisconnected()
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _completed(self, batch_id: str) -> None:
+        files = await self.svc.off_loop(self.store.publish, batch_id)
+        record = await self.svc.off_loop(self.store.move, batch_id, "completed", **files)
+        log.info("batch_completed", batch=batch_id, **record["request_counts"])
+
+    async def _cancelled(self, batch_id: str) -> None:
+        files = await self.svc.off_loop(self.store.publish, batch_id)
+        await self.svc.off_loop(self.store.move, batch_id, "cancelled", **files)
+        log.info("batch_cancelled", batch=batch_id)
+
+    async def _expired(self, batch_id: str) -> None:
+        files = await self.svc.off_loop(self.store.publish, batch_id)
+        await self.svc.off_loop(self.store.move, batch_id, "expired", **files)
+        log.info("batch_expired", batch=batch_id)
+
+    async def _fail(self, batch_id: str, reason: str) -> None:
+        errors = {"object": "list", "data": [{"code": "batch_dir_unwritable", "message": reason}]}
+        log.error("batch_failed", batch=batch_id, reason=reason)
+        try:
+            await self.svc.off_loop(self.store.move, batch_id, "failed", errors=errors)
+        except Exception as exc:  # the database itself is out of reach: logged, the server serves on
+            log.error("batch_state_unwritable", batch=batch_id, error=repr(exc))
+
+
+def _assembled(checked: list[lines.Line], answers: list[tuple[int, bytes] | None]) -> tuple[bytes, bytes, int, int]:
+    """Output lines (answered 2xx) and error lines (refused, or never sent), in input order."""
+    output: list[bytes] = []
+    errors: list[bytes] = []
+    for line, answer in zip(checked, answers, strict=True):
+        if answer is None:
+            assert line.error is not None
+            errors.append(lines.error_line(line.custom_id, *line.error))
+            continue
+        status, body = answer
+        assert line.custom_id is not None
+        (output if 200 <= status < 300 else errors).append(lines.answer_line(line.custom_id, status, body))
+    return b"".join(output), b"".join(errors), len(output), len(errors)

@@ -1,0 +1,124 @@
+"""OpenAI's Files API, for the Batch API's input and output files: POST/GET /v1/files, GET and
+DELETE /v1/files/{id}, GET /v1/files/{id}/content. Stored in WARMPOOL_BATCH_DIR (server/batches/store.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+
+from server.batches.runner import BatchRunner
+from server.core.pipeline import read_body
+from server.core.services import services
+from server.http.errors import APIError, bad_request
+
+router = APIRouter(tags=["batches"])
+PURPOSES = ("batch",)  # what may be uploaded; outputs are `batch_output`
+LIST_LIMIT = 10000
+
+
+def runner(request: Request) -> BatchRunner:
+    svc = services(request)
+    assert svc.batches is not None
+    if not svc.startup.draining:  # the drain stopped it: jobs resume at the next start
+        svc.batches.start()
+    return svc.batches
+
+
+async def in_store(request: Request, fn: Any, *args: Any) -> Any:
+    """A store call on the executor; an unusable batch folder is a 503 with the reason."""
+    try:
+        return await services(request).off_loop(fn, *args)
+    except OSError as exc:
+        raise APIError(503, f"the batch folder is not usable: {exc}", code="batch_dir_unusable") from None
+
+
+def form_fields(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
+    """A multipart/form-data body's fields: name -> (filename, bytes)."""
+    if not content_type.startswith("multipart/form-data"):
+        raise APIError(415, "POST /v1/files takes multipart/form-data", code="unsupported_media_type")
+    message = BytesParser(policy=HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
+    )
+    fields: dict[str, tuple[str | None, bytes]] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        if isinstance(name, str) and isinstance(payload, bytes):
+            fields[name] = (part.get_filename(), payload)
+    return fields
+
+
+def check_upload(content_type: str, body: bytes, limit: int) -> tuple[str, bytes]:
+    fields = form_fields(content_type, body)
+    purpose = fields.get("purpose", (None, b""))[1].decode("utf-8", "replace")
+    if purpose not in PURPOSES:
+        raise bad_request(f"'purpose' must be one of {', '.join(PURPOSES)}", "purpose")
+    if "file" not in fields:
+        raise bad_request("missing required field 'file'", "file")
+    filename, data = fields["file"]
+    if len(data) > limit:
+        raise APIError(413, f"the file is larger than the limit of {limit} bytes", param="file", code="file_too_large")
+    return filename or "upload.jsonl", data
+
+
+@router.post("/v1/files")
+async def create_file(request: Request) -> JSONResponse:
+    svc = services(request)
+    batches = runner(request)
+    body = await read_body(request, svc)
+    limit = svc.settings.batch_max_file_bytes
+    filename, data = await svc.off_loop(check_upload, request.headers.get("content-type", ""), body, limit)
+    return JSONResponse(await in_store(request, batches.store.add_file, filename[:256], "batch", data))
+
+
+async def _file(request: Request, file_id: str) -> dict[str, Any]:
+    record = await in_store(request, runner(request).store.file, file_id)
+    if record is None:
+        raise APIError(404, f"no file '{file_id}'", param="file_id", code="file_not_found")
+    return dict(record)
+
+
+@router.get("/v1/files/{file_id}")
+async def retrieve_file(file_id: str, request: Request) -> JSONResponse:
+    return JSONResponse(await _file(request, file_id))
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(file_id: str, request: Request) -> Response:
+    await _file(request, file_id)
+    return FileResponse(runner(request).store.file_path(file_id), media_type="application/jsonl")
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(file_id: str, request: Request) -> JSONResponse:
+    await _file(request, file_id)
+    await in_store(request, runner(request).store.delete_file, file_id)
+    return JSONResponse({"id": file_id, "object": "file", "deleted": True})
+
+
+@router.get("/v1/files")
+async def list_files(request: Request, after: str | None = None, limit: int = LIST_LIMIT) -> Response:
+    return await listed(request, runner(request).store.files, after, max(1, min(limit, LIST_LIMIT)))
+
+
+async def listed(
+    request: Request, records: Callable[[str | None, int], list[dict[str, Any]]], after: str | None, limit: int
+) -> Response:
+    """OpenAI's cursor page of `records` (up to limit + 1: the one past the page says has_more),
+    read and rendered on the executor (a page may hold thousands)."""
+
+    def page() -> bytes:
+        found = records(after, limit)
+        data = found[:limit]
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        return orjson.dumps(
+            {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": len(found) > limit}
+        )
+
+    return Response(await in_store(request, page), media_type="application/json")
