@@ -65,7 +65,8 @@ class PoolingModel:
             except m3.Refused as exc:
                 self.m3_refused = str(exc)
         self.default_head = default_head(info)  # what an input naming no head gets (engine/heads)
-        if adapters and (not info.native or isinstance(self.model, clip.DualEncoder)):
+        wrapped = isinstance(self.model, clip.DualEncoder) or info.splade is not None or info.late is not None
+        if adapters and (not info.native or wrapped):  # their encoders lie under other module names
             raise ModelError(f"LoRA adapters are served on the native text encoders only, not on {info.path}")
         self.adapters = lora.load(adapters, self.model, device, dtype)
 
