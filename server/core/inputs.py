@@ -106,9 +106,11 @@ class RequestContext:
             if name in self.configured:
                 raise ModelStarting(name)
             served = ", ".join(f"'{n}'" for n in self.configured or self.served)
+            adapters = ", ".join(f"'{a}'" for m in self.served.values() for a, _ in m.adapters)
             raise APIError(
                 404,
-                f"model '{name}' does not exist; this server serves {served}",
+                f"model '{name}' does not exist; this server serves {served}"
+                + (f" and the adapters {adapters}" if adapters else ""),
                 param="model",
                 code="model_not_found",
             )

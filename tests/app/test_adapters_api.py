@@ -86,7 +86,9 @@ def test_an_unknown_adapter_is_a_404_in_the_surface_s_shape(
 ) -> None:  # type: ignore[no-untyped-def]
     r = app.post(path, json=body)
     assert r.status_code == 404, r.text
-    assert "model 'tax' does not exist" in message(r.json())
+    assert "model 'tax' does not exist; this server serves 'base' and the adapters 'legal', 'medical'" in message(
+        r.json()
+    )
 
 
 def test_an_adapter_using_dora_fails_the_start_naming_it(tiny: TinyFolders, tmp_path: Path) -> None:
