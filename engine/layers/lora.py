@@ -65,7 +65,8 @@ class Adapters:
         self.names = names
         self.index = {name: i for i, name in enumerate(names)}
         self.updates = updates  # module path -> adapter index -> its update there
-        self._rows: list[tuple[int, torch.Tensor]] = []  # during a forward: adapter index -> its token rows
+        # during a forward: adapter index -> its token rows (a slice where they lie together: no gather)
+        self._rows: list[tuple[int, slice | torch.Tensor]] = []
         for path in updates:
             model.get_submodule(path).register_forward_hook(self._hook(path))
 
@@ -78,7 +79,11 @@ class Adapters:
             x = inputs[0]
             for index, rows in self._rows:
                 update = updates.get(index)
-                if update is not None:
+                if update is None:
+                    continue
+                if isinstance(rows, slice):
+                    out[rows].addmm_(x[rows] @ update.a.T, update.b.T)
+                else:
                     out.index_add_(0, rows, (x.index_select(0, rows) @ update.a.T) @ update.b.T)
             return out
 
@@ -92,12 +97,16 @@ class Adapters:
         if unknown:
             raise ValueError(f"no adapter named {', '.join(sorted(unknown))} (there are: {', '.join(self.names)})")
         device = packed.ids.device
-        rows = []
+        rows: list[tuple[int, slice | torch.Tensor]] = []
         for name in dict.fromkeys(packed.adapters):
             if name:
                 mine = [s for s, adapter in zip(packed.spans, packed.adapters, strict=True) if adapter == name]
-                index = torch.cat([torch.arange(start, start + n) for start, n in mine]).to(device)
-                rows.append((self.index[name], index))
+                first, end = mine[0][0], mine[-1][0] + mine[-1][1]
+                if end - first == sum(n for _, n in mine):  # one run of inputs: a view, no gather or scatter
+                    rows.append((self.index[name], slice(first, end)))
+                else:
+                    index = torch.cat([torch.arange(start, start + n) for start, n in mine]).to(device)
+                    rows.append((self.index[name], index))
         self._rows = rows
         try:
             yield
