@@ -23,6 +23,7 @@ from common.folderjson import ModelError
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
 from engine.layers.packed import Packed
+from engine.runtime.device import Placement
 from engine.runtime.model import PoolingModel
 from server.core.outputs import normalize
 from server.tokenizing.tokenizer import TokenizerPool
@@ -75,6 +76,27 @@ def test_a_group_mixing_the_base_and_two_adapters_gives_each_input_its_own_rows(
     for row, item in enumerate(mixed):
         np.testing.assert_allclose(got[row], model.forward([item])[0], atol=1e-5, rtol=0)
     assert len({round(float(got[row, 0]), 4) for row in (1, 5)}) == 2  # two adapters, two results
+
+
+@pytest.mark.parametrize(
+    "placement",
+    [
+        Placement(torch.device("cpu"), torch.bfloat16),  # projections wrapped to run on bucketed row counts
+        Placement(torch.device("cpu"), torch.float32, {"device": "cpu", "dtype": "int8"}, int8=True),
+    ],
+    ids=["bfloat16", "int8"],
+)
+def test_adapters_apply_on_the_projections_reduced_precision_wraps(
+    tiny: TinyFolders, tmp_path: Path, placement: Placement
+) -> None:
+    """The updates land on the wrapped projections (engine/precision): near float32's adapter vectors."""
+    base = tiny["xlm-roberta"]
+    adapter = build_adapter(tmp_path / "adapter", base, seed=1)
+    items = tokens(base, TEXTS, "domain")
+    reduced = PoolingModel(read_model_folder(base), threads=1, placement=placement, adapters=[("domain", adapter)])
+    full = PoolingModel(read_model_folder(base), threads=1, adapters=[("domain", adapter)])
+    np.testing.assert_allclose(vectors(reduced, items), vectors(full, items), atol=0.05, rtol=0)
+    assert np.abs(vectors(reduced, items) - vectors(full, tokens(base, TEXTS))).max() > 0.2  # not the base's
 
 
 def test_groups_with_adapter_inputs_run_eager_beside_a_compiled_forward(tiny: TinyFolders, tmp_path: Path) -> None:
