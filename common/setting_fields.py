@@ -77,6 +77,15 @@ class SettingFields(BaseSettings):
             "its memory is needed."
         ),
     )
+    adapters: str | None = Field(
+        None,
+        description=(
+            "PEFT LoRA adapters of the served (default) model: `NAME=FOLDER`, comma-separated, each folder "
+            "holding adapter_config.json and adapter_model.safetensors; a request names an adapter in its "
+            '`model` field as it would a model, and every engine runs them on the one base (see "LoRA adapters").'
+        ),
+        json_schema_extra={"default_text": "unset (none)"},
+    )
     host: str = Field("127.0.0.1", description="Listen address (`0.0.0.0` in the image).")
     port: int = Field(
         8000,

@@ -27,6 +27,25 @@ class Settings(SettingFields):
             raise ValueError(f"health_route and predict_route are both {self.health_route}: give each its own path")
         return self
 
+    @model_validator(mode="after")
+    def _adapters_named(self) -> Settings:
+        names = [name for name, _ in self.adapter_folders]  # NAME=FOLDER each, or ValueError
+        if len(set(names)) != len(names) or self.model_name in names:
+            raise ValueError(f"WARMPOOL_ADAPTERS names two adapters, or an adapter and its model, alike: {names}")
+        return self
+
+    @property
+    def adapter_folders(self) -> tuple[tuple[str, Path], ...]:
+        """WARMPOOL_ADAPTERS as (name, folder) pairs: what the engines load (common.wire.EngineSpec.adapters)."""
+        pairs = []
+        for entry in (self.adapters or "").split(","):
+            name, _, folder = (part.strip() for part in entry.partition("="))
+            if name or folder:
+                if not name or not folder:
+                    raise ValueError(f"WARMPOOL_ADAPTERS: {entry.strip()!r} is not NAME=FOLDER")
+                pairs.append((name, Path(folder)))
+        return tuple(pairs)
+
     @cached_property
     def model_path(self) -> Path:
         """Resolved once, at start, then frozen: a re-forked engine loads the snapshot the tokenizer
@@ -46,10 +65,11 @@ class Settings(SettingFields):
         engines = self.engines or max(1, self.engine_count // len(entries))
         threads = max(1, self.engine_threads // len(entries))
         result = []
-        for entry in entries:
+        for position, entry in enumerate(entries):
             model, *options = (part.strip() for part in entry.split(";"))
             name, folder = model.split("=", 1) if "=" in model else (None, model)
             update: dict[str, object] = {"model": folder, "served_model_name": name, "models": None}
+            update |= {} if position == 0 else {"adapters": None}  # adapters are the default model's
             update |= {"engines": engines, "engine_threads": threads, **_model_options(options, entry)}
             result.append(self.model_validate({**self.model_dump(), **update}))
         if len(result) < 2 and any(s.resident == "auto" for s in result):
@@ -57,6 +77,9 @@ class Settings(SettingFields):
         names = [s.model_name for s in result]
         if len(set(names)) != len(names):
             raise ValueError(f"WARMPOOL_MODELS serves two models under one name: {names}; name them NAME=FOLDER")
+        clash = set(names) & {name for name, _ in self.adapter_folders}
+        if clash:
+            raise ValueError(f"WARMPOOL_ADAPTERS names an adapter as WARMPOOL_MODELS names a model: {sorted(clash)}")
         return result
 
     @cached_property

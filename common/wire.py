@@ -58,6 +58,7 @@ class Tokens(NamedTuple):
     # input_ids then hold one placeholder per position the tower computes on, so that batching, load
     # and usage count an image by its work
     pixels: Any = None
+    adapter: str = ""  # the LoRA adapter it runs with, by name (EngineSpec.adapters); "": the base model
 
 
 Keyed = tuple[int, Tokens]  # an input on the wire: the client's key for it, and its tokens
@@ -85,6 +86,8 @@ class EngineSpec:
     compile: str = "off"  # auto, off or required (common.settings.Settings.compile)
     compile_cache: Path | None = None
     compile_timeout_s: float = 900.0
+    # PEFT LoRA adapters (name, folder) of this model, loaded at the engine's start (engine/layers/lora.py)
+    adapters: tuple[tuple[str, Path], ...] = ()
 
 
 def send(conn: Connection, message: tuple[str, Any]) -> None:

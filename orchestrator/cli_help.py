@@ -21,6 +21,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "memory_budget",
         "resident",
         "keep_alive",
+        "adapters",
         "device",
         "dtype",
         "allow_bin_weights",

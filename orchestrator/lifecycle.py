@@ -200,7 +200,7 @@ class LifecycleServer(uvicorn.Server):
                 await self.model_lost(name, message)
             return False
         admission = Admission(settings.admission_permits, settings.priority_reserve) if len(self.models) > 1 else None
-        svc.models[name] = ServedModel(name, folder, tokenizers, wiring.client, admission)
+        svc.models[name] = ServedModel(name, folder, tokenizers, wiring.client, admission, settings.adapter_folders)
         phases.start("ready")
         phases.done("ready", model=name, kind=folder.kind)
         return True

@@ -121,6 +121,7 @@ class EngineSupervisor:
             compile=self.settings.compile,
             compile_cache=self.settings.compile_cache,
             compile_timeout_s=self.settings.compile_timeout,
+            adapters=self.settings.adapter_folders,
         )
 
     @property

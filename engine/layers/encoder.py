@@ -36,6 +36,9 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class SelfAttention(nn.Module):
+    # what fuse() stacks: each part's (fused projection, index, parts), where a LoRA adapter's update of it goes
+    PARTS = {"query": ("qkv", 0, 3), "key": ("qkv", 1, 3), "value": ("qkv", 2, 3)}
+
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
         self.heads = heads

@@ -22,6 +22,7 @@ class Packed:
     lengths: torch.Tensor  # [B]
     spans: list[tuple[int, int]]  # (start, length) of each input, as Python ints
     keys: list[int] | None = None  # per input, how many of its first tokens are attended to; None: all
+    adapters: tuple[str, ...] | None = None  # per input, the LoRA adapter it runs with ("": the base); None: all base
     memo: dict[Any, Any] = field(default_factory=dict, compare=False)  # what one forward computes once (attend)
 
     @property
@@ -44,6 +45,7 @@ class Packed:
             lengths=lengths,
             spans=list(zip(starts.tolist(), lengths.tolist(), strict=True)),
             keys=[t.keys or len(t.input_ids) for t in inputs] if any(t.keys for t in inputs) else None,
+            adapters=tuple(t.adapter for t in inputs) if any(t.adapter for t in inputs) else None,
         )
 
     def to(self, device: torch.device) -> Packed:
@@ -63,6 +65,7 @@ class Packed:
             lengths=move(self.lengths),
             spans=self.spans,
             keys=self.keys,
+            adapters=self.adapters,
         )
 
     def grid(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:

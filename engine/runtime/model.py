@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from common.wire import Tokens
 from engine.families import clip
 from engine.heads import answer, default_head, dense, m3, multivector, sparse
 from engine.heads.pooling import pool, pool_packed
+from engine.layers import lora
 from engine.layers.packed import Packed
 from engine.precision import int8, rows
 from engine.runtime import preloaded
@@ -25,7 +27,13 @@ class PoolingModel:
     """Models of a native family run on its engine module (engine.families); anything else on
     transformers. sentence-transformers' Dense modules follow the pooling on either."""
 
-    def __init__(self, info: ModelFolder, threads: int, placement: Placement | None = None) -> None:
+    def __init__(
+        self,
+        info: ModelFolder,
+        threads: int,
+        placement: Placement | None = None,
+        adapters: Sequence[tuple[str, Path]] = (),
+    ) -> None:
         torch.set_num_threads(threads)
         self.info = info
         self.placement = placement or Placement(torch.device("cpu"), torch.float32)
@@ -57,8 +65,17 @@ class PoolingModel:
             except m3.Refused as exc:
                 self.m3_refused = str(exc)
         self.default_head = default_head(info)  # what an input naming no head gets (engine/heads)
+        wrapped = isinstance(self.model, clip.DualEncoder) or info.splade is not None or info.late is not None
+        if adapters and (not info.native or wrapped):  # their encoders lie under other module names
+            raise ModelError(f"LoRA adapters are served on the native text encoders only, not on {info.path}")
+        self.adapters = lora.load(adapters, self.model, device, dtype)
 
     def _run(self, packed: Packed) -> torch.Tensor:
+        if packed.adapters is not None:  # eager: the compiled graph has no adapter updates in it
+            if self.adapters is None:
+                raise ValueError("this engine serves no LoRA adapters")
+            with self.adapters.applied(packed):
+                return self.model(packed)  # type: ignore[no-any-return]
         if self.compiled is None or packed.keys is not None:  # the compiled graph attends to every token
             return self.model(packed)  # type: ignore[no-any-return]
         return self.compiled(packed)

@@ -72,6 +72,7 @@ class RequestContext:
     chosen: bool = False  # the request named its model: no other is picked for it
     priority: int = 0  # lower runs first; above 0 is bulk work, kept out of the admission reserve
     url_images: UrlImages | None = None  # its image URLs, fetched on the event loop (set by the pipeline)
+    adapter: str = ""  # the LoRA adapter of `model` the request names (its inputs carry it); "": the base
 
     @property
     def folder(self) -> ModelFolder:
@@ -83,23 +84,33 @@ class RequestContext:
 
     @property
     def model_name(self) -> str:
-        return self.model.name
+        """The name the request's answer echoes: its adapter's, or its model's."""
+        return self.adapter or self.model.name
 
     def select_model(self, name: str | None) -> None:
-        """The model a request's `model` field names (the default when it names none); 404 for a
-        name not served, 503 for a model still starting."""
+        """The model a request's `model` field names (the default when it names none), or a LoRA
+        adapter of one (its base serves it); 404 for a name not served, 503 for a model still starting."""
         if name is None:
             return
         self.chosen = True
+        self.adapter = ""
         if name == self.model.name:
+            return
+        base = next((m for m in self.served.values() if m.serves_adapter(name)), None)
+        if base is not None:
+            self.adapter = name
+            if base is not self.model:
+                self._use(base)
             return
         if name not in self.served:
             if name in self.configured:
                 raise ModelStarting(name)
             served = ", ".join(f"'{n}'" for n in self.configured or self.served)
+            adapters = ", ".join(f"'{a}'" for m in self.served.values() for a, _ in m.adapters)
             raise APIError(
                 404,
-                f"model '{name}' does not exist; this server serves {served}",
+                f"model '{name}' does not exist; this server serves {served}"
+                + (f" and the adapters {adapters}" if adapters else ""),
                 param="model",
                 code="model_not_found",
             )

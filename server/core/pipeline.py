@@ -128,7 +128,7 @@ def checked_priority(value: Any, where: str) -> int:
 
 def at_priority(prepare: Prepare, raw: bytes, ctx: RequestContext) -> Prepared[Any, Any]:
     """prepare, with the request's priority known before it takes its permits: the body's
-    `priority` (parsed again only where the body names one) over the header's; its inputs carry it."""
+    `priority` (parsed again only where the body names one) over the header's; its inputs carry it and its adapter."""
     if b'"priority"' in raw:
         try:
             data = orjson.loads(raw)
@@ -141,8 +141,8 @@ def at_priority(prepare: Prepare, raw: bytes, ctx: RequestContext) -> Prepared[A
             if ctx.priority > 0 and not was_bulk and ctx.admission is not None and not ctx.admission.bulk_fits():
                 raise overloaded()
     prepared = prepare(raw, ctx)
-    if ctx.priority:
-        prepared.tokens = [tokens._replace(priority=ctx.priority) for tokens in prepared.tokens]
+    if ctx.priority or ctx.adapter:  # a LoRA adapter's inputs name it: the engine adds its updates to their rows
+        prepared.tokens = [t._replace(priority=ctx.priority, adapter=ctx.adapter) for t in prepared.tokens]
     return prepared
 
 

@@ -7,6 +7,7 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from fastapi import Request
@@ -38,6 +39,11 @@ class ServedModel:
     tokenizers: TokenizerPool
     engine: EngineClient
     admission: Admission | None = None  # its own permits, with several models; else the server's
+    # its LoRA adapters (name, folder): a request naming one is served by this model, the adapter applied
+    adapters: tuple[tuple[str, Path], ...] = ()
+
+    def serves_adapter(self, name: str) -> bool:
+        return any(adapter == name for adapter, _ in self.adapters)
 
 
 class ModelLoader(Protocol):

@@ -53,19 +53,20 @@ def model_list(request: Request, owner: str) -> dict[str, object]:
             continue
         folder = model.folder
         kind = kinds.KINDS[folder.output]
-        cards.append(
-            {
-                **card,
-                "state": "ready",
-                "root": str(folder.path),
-                "kind": folder.kind,
-                "max_model_len": folder.max_model_len,
-                "dimensions": folder.dimensions,
-                "capabilities": list(kind.capabilities),
-                "input_modalities": input_modalities(folder),
-                **kind.card(folder, svc.settings),
-            }
-        )
+        served = {
+            **card,
+            "state": "ready",
+            "root": str(folder.path),
+            "kind": folder.kind,
+            "max_model_len": folder.max_model_len,
+            "dimensions": folder.dimensions,
+            "capabilities": list(kind.capabilities),
+            "input_modalities": input_modalities(folder),
+            **kind.card(folder, svc.settings),
+        }
+        cards.append(served)
+        # each LoRA adapter as vLLM lists its LoRA modules: its own id and root, its base as `parent`
+        cards += [{**served, "id": adapter, "root": str(root), "parent": name} for adapter, root in model.adapters]
     return {"object": "list", "data": cards}
 
 

@@ -125,7 +125,7 @@ def _boot_model(svc: Services, settings: Settings, loop: asyncio.AbstractEventLo
     folder, tokenizers = _load_model_side(settings.model_path)
     folder = m3.as_loaded(folder, loaded)
     admission = Admission(settings.admission_permits, settings.priority_reserve) if several else None
-    svc.models[name] = ServedModel(name, folder, tokenizers, wiring.client, admission)
+    svc.models[name] = ServedModel(name, folder, tokenizers, wiring.client, admission, settings.adapter_folders)
     phases.start("ready")
     phases.done("ready", model=name, kind=folder.kind)
     return _Engine(wiring, thread)

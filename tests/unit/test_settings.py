@@ -304,3 +304,24 @@ def test_the_derived_stall_timeout_is_at_most_half_the_request_timeout() -> None
     assert Settings().stall_timeout(10.0) == 60.0  # 22 minutes derived, request timeout 120 s
     assert Settings(request_timeout=5).stall_timeout(0.01, 384) == 2.5  # below the 10 s floor too
     assert Settings(request_timeout=5, engine_stall_timeout=30).stall_timeout(10.0, 384) == 30
+
+
+def test_adapters_are_name_folder_pairs_and_the_default_model_s_alone() -> None:
+    """WARMPOOL_ADAPTERS as the engines get it (EngineSpec.adapters), for the first of WARMPOOL_MODELS only."""
+    settings = Settings(models="embed=/m/a,rerank=/m/b", adapters=" legal=/a/legal , medical=/a/medical")
+    assert settings.adapter_folders == (("legal", Path("/a/legal")), ("medical", Path("/a/medical")))
+    assert [s.adapter_folders for s in settings.per_model()] == [settings.adapter_folders, ()]
+
+
+@pytest.mark.parametrize(
+    ("adapters", "models", "words"),
+    [
+        ("/a/legal", None, "is not NAME=FOLDER"),
+        ("legal=/a,legal=/b", None, "names two adapters"),
+        ("m=/a", None, "an adapter and its model"),
+        ("rerank=/a", "embed=/m/a,rerank=/m/b", "as WARMPOOL_MODELS names a model"),
+    ],
+)
+def test_adapters_that_cannot_be_told_apart_are_refused_at_start(adapters: str, models: str | None, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        Settings(model="/x/m", models=models, adapters=adapters).per_model()

@@ -1,0 +1,219 @@
+"""PEFT LoRA adapters served per input from one base model: a packed group may mix the base's inputs
+with several adapters' and every projection runs once over all of its rows; each adapter present then
+adds its update x·Aᵀ·Bᵀ·scale to its own inputs' rows only (one pair of small matmuls per adapter and
+projection), through a forward hook on the projection. A group with no adapter rows costs nothing.
+
+An adapter is a PEFT folder (adapter_config.json + adapter_model.safetensors) trained on the base as
+transformers' AutoModel names its modules (what sentence-transformers' PEFT integration saves): the
+names are the native family's own (engine/layers/encoder.py mirrors BertModel's). A projection the
+family fuses (attention's q, k and v: `SelfAttention.PARTS`) takes each part's update in its slice.
+What the arithmetic here cannot reproduce is refused when the engine starts, the reason naming it:
+DoRA, biases, modules_to_save, per-module alphas, modules the family does not have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from common.folderjson import ModelError
+from engine.layers.packed import Packed
+
+# adapter_model.safetensors' keys: [base_model.model.]MODULE.lora_A|B[.adapter name].weight (an embedding's:
+# lora_embedding_A|B, refused as a module the family has no projection for)
+_KEY = re.compile(
+    r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?:embedding_)?(?P<side>[AB])(?:\.[^.]+)?(?:\.weight)?$"
+)
+# (option, the value PEFT's LoRA arithmetic has without it): anything else is refused, named
+_UNSUPPORTED = (("use_dora", False), ("bias", "none"), ("fan_in_fan_out", False), ("lora_bias", False))
+# options that change the arithmetic or add weights beside A and B whenever set: refused, named
+_REFUSED_WHEN_SET = (
+    "modules_to_save",
+    "alpha_pattern",
+    "target_parameters",
+    "trainable_token_indices",
+    "layer_replication",
+    "alora_invocation_tokens",
+    "use_qalora",
+    "use_bdlora",
+)
+
+
+@dataclass(frozen=True)
+class Update:
+    """One adapter's update of one projection: x @ a.T @ b.T, its scale folded into b. A fused
+    projection's parts are stacked in a (their ranks side by side) and b places each in its slice."""
+
+    a: torch.Tensor  # [rank, in]
+    b: torch.Tensor  # [out, rank]
+
+
+class Adapters:
+    """The adapters one engine serves, by name, and the rows of the group being run (set by applied())."""
+
+    def __init__(self, names: list[str], updates: dict[str, dict[int, Update]], model: nn.Module) -> None:
+        self.names = names
+        self.index = {name: i for i, name in enumerate(names)}
+        self.updates = updates  # module path -> adapter index -> its update there
+        # during a forward: adapter index -> its token rows (a slice where they lie together: no gather)
+        self._rows: list[tuple[int, slice | torch.Tensor]] = []
+        for path in updates:
+            model.get_submodule(path).register_forward_hook(self._hook(path))
+
+    def _hook(self, path: str) -> Any:
+        updates = self.updates[path]
+
+        def add(module: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor | None:
+            if not self._rows:
+                return None  # a base-only group: the projection's output as it is
+            x = inputs[0]
+            for index, rows in self._rows:
+                update = updates.get(index)
+                if update is None:
+                    continue
+                if isinstance(rows, slice):
+                    out[rows].addmm_(x[rows] @ update.a.T, update.b.T)
+                else:
+                    out.index_add_(0, rows, (x.index_select(0, rows) @ update.a.T) @ update.b.T)
+            return out
+
+        return add
+
+    @contextlib.contextmanager
+    def applied(self, packed: Packed) -> Iterator[None]:
+        """Within it, the hooked projections add each adapter's update to its inputs' rows."""
+        assert packed.adapters is not None
+        unknown = set(packed.adapters) - self.index.keys() - {""}
+        if unknown:
+            raise ValueError(f"no adapter named {', '.join(sorted(unknown))} (there are: {', '.join(self.names)})")
+        device = packed.ids.device
+        rows: list[tuple[int, slice | torch.Tensor]] = []
+        for name in dict.fromkeys(packed.adapters):
+            if name:
+                mine = [s for s, adapter in zip(packed.spans, packed.adapters, strict=True) if adapter == name]
+                first, end = mine[0][0], mine[-1][0] + mine[-1][1]
+                if end - first == sum(n for _, n in mine):  # one run of inputs: a view, no gather or scatter
+                    rows.append((self.index[name], slice(first, end)))
+                else:
+                    index = torch.cat([torch.arange(start, start + n) for start, n in mine]).to(device)
+                    rows.append((self.index[name], index))
+        self._rows = rows
+        try:
+            yield
+        finally:
+            self._rows = []
+
+
+def load(
+    adapters: Sequence[tuple[str, Path]], model: nn.Module, device: torch.device, dtype: torch.dtype
+) -> Adapters | None:
+    """The adapters, checked against the model and hooked onto its projections; None for none.
+    ModelError (the engine's start fails) for one the model cannot serve exactly."""
+    if not adapters:
+        return None
+    updates: dict[str, dict[int, Update]] = {}
+    for index, (name, folder) in enumerate(adapters):
+        for path, update in _read(name, Path(folder), model).items():
+            updates.setdefault(path, {})[index] = Update(update.a.to(device, dtype), update.b.to(device, dtype))
+    return Adapters([name for name, _ in adapters], updates, model)
+
+
+def _read(name: str, folder: Path, model: nn.Module) -> dict[str, Update]:
+    """One PEFT folder as updates by our module path."""
+    config_file, weights_file = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    if not config_file.is_file() or not weights_file.is_file():
+        raise ModelError(f"adapter '{name}': {folder} needs adapter_config.json and adapter_model.safetensors")
+    config = json.loads(config_file.read_text())
+    refused = [f"{key}={config[key]!r}" for key, plain in _UNSUPPORTED if config.get(key, plain) != plain]
+    if config.get("peft_type", "LORA") != "LORA":
+        refused.append(f"peft_type={config['peft_type']!r}")
+    refused += [f"{key}={config[key]!r}" for key in _REFUSED_WHEN_SET if config.get(key)]
+    if refused:
+        raise ModelError(f"adapter '{name}' ({folder}) cannot be served: {', '.join(refused)} (plain LoRA only)")
+    weights = load_file(weights_file)
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    strange = []
+    for key, tensor in weights.items():
+        match = _KEY.match(key)
+        if match is None:
+            strange.append(key)
+        else:
+            pairs.setdefault(match["module"], {})[match["side"]] = tensor.float()
+    if strange:
+        raise ModelError(f"adapter '{name}' ({folder}) cannot be served: weights not LoRA's A and B: {strange[:5]}")
+    targets = {module: _target(model, module) for module in pairs}
+    missing = sorted({module.rsplit(".", 1)[-1] for module, target in targets.items() if target is None})
+    if missing:
+        raise ModelError(
+            f"adapter '{name}' ({folder}) cannot be served: target modules the model does not have: "
+            f"{', '.join(missing)}"
+        )
+    alpha, rslora = float(config.get("lora_alpha", 8)), bool(config.get("use_rslora", False))
+    parts: dict[str, list[tuple[slice, torch.Tensor, torch.Tensor]]] = {}
+    for module, pair in pairs.items():
+        target = targets[module]
+        assert target is not None
+        path, where, size = target
+        a, b = pair["A"], pair["B"]
+        rank = a.shape[0]
+        if a.shape[1] != size[0] or b.shape != (where.stop - where.start, rank):
+            raise ModelError(
+                f"adapter '{name}' ({folder}): {module}'s A {list(a.shape)} and B {list(b.shape)} do not fit"
+            )
+        scale = alpha / math.sqrt(rank) if rslora else alpha / rank  # PEFT's scaling, per module's rank
+        parts.setdefault(path, []).append((where, a, b * scale))
+    return {path: _stacked(found, _dims(model.get_submodule(path))[1]) for path, found in parts.items()}
+
+
+def _stacked(parts: list[tuple[slice, torch.Tensor, torch.Tensor]], out: int) -> Update:
+    """Parts of one projection (a fused one's q, k, v) as one update: ranks side by side."""
+    a = torch.cat([part_a for _, part_a, _ in parts])
+    b = torch.zeros(out, a.shape[0])
+    column = 0
+    for where, part_a, part_b in parts:
+        b[where, column : column + part_a.shape[0]] = part_b
+        column += part_a.shape[0]
+    return Update(a, b)
+
+
+def _target(model: nn.Module, module: str) -> tuple[str, slice, tuple[int, int]] | None:
+    """PEFT's module name -> (our projection's path, the slice of its outputs, its (in, out) features);
+    None where the model has no such projection."""
+    parent_path, _, leaf = module.rpartition(".")
+    try:
+        parent = model.get_submodule(parent_path) if parent_path else model
+    except AttributeError:
+        return None
+    fused: dict[str, tuple[str, int, int]] = getattr(parent, "PARTS", {})
+    if leaf in fused:  # a part of a fused projection: its slice of the outputs
+        name, part, count = fused[leaf]
+        path = f"{parent_path}.{name}"
+        size = _dims(parent.get_submodule(name))
+        width = size[1] // count
+        return path, slice(part * width, (part + 1) * width), size
+    child = getattr(parent, leaf, None)
+    if not isinstance(child, nn.Module) or _dims(child) is None:
+        return None
+    size = _dims(child)
+    assert size is not None
+    return module, slice(0, size[1]), size
+
+
+def _dims(module: nn.Module) -> Any:
+    """A projection's (in, out) features, through the wrappers precision adds (engine/precision); None
+    for a module that is no projection."""
+    while not hasattr(module, "in_features") and isinstance(getattr(module, "inner", None), nn.Module):
+        module = module.inner  # type: ignore[assignment]
+    if not hasattr(module, "in_features"):
+        return None
+    return int(module.in_features), int(module.out_features)  # type: ignore[arg-type]

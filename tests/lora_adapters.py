@@ -1,0 +1,45 @@
+"""PEFT LoRA adapters of tiny models (tests/tiny_models.py), as teams save them after fine-tuning a
+sentence-transformers embedder, and sentence-transformers + PEFT's vectors with one active (the reference)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+BERT_TARGETS = ("query", "key", "value", "attention.output.dense", "intermediate.dense", "output.dense")
+
+
+def _with_lora(base: Path, seed: int, config: dict[str, Any]) -> tuple[Any, Any]:
+    """The base's SentenceTransformer with a fresh LoRA adapter on its encoder: random A and B (PEFT
+    starts B at zero, which would make the update vanish)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(base), device="cpu")
+    transformer = model[0]
+    peft_model = get_peft_model(transformer.auto_model, LoraConfig(**{"target_modules": list(BERT_TARGETS), **config}))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    transformer.model = peft_model.eval()
+    return model, peft_model
+
+
+def build_adapter(dest: Path, base: Path, seed: int, **config: Any) -> Path:
+    """A PEFT folder (adapter_config.json, adapter_model.safetensors) of a LoRA adapter on `base`."""
+    _, peft_model = _with_lora(base, seed, {"r": 4, "lora_alpha": 8, **config})
+    peft_model.save_pretrained(str(dest))
+    return dest
+
+
+def reference(base: Path, adapter: Path, texts: list[str]) -> Any:
+    """sentence-transformers' vectors of `texts` with the adapter loaded by PEFT onto `base`."""
+    from peft import PeftModel
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(base), device="cpu")
+    model[0].model = PeftModel.from_pretrained(model[0].model, str(adapter)).eval()
+    return model.encode(texts)
