@@ -20,7 +20,7 @@ from server.core.services import Services, services
 from server.http.errors import APIError, bad_request
 from server.protocols.batches import BatchRequest
 from server.protocols.openai import openapi_body
-from server.routes.files import in_store, listed, runner
+from server.routes.files import found, in_store, listed, runner
 
 router = APIRouter(tags=["batches"])
 WINDOW_S = 24 * 3600  # completion_window "24h": a job still running past it expires
@@ -86,10 +86,7 @@ async def create_batch(request: Request) -> JSONResponse:
 
 
 async def _batch(request: Request, batch_id: str) -> dict[str, Any]:
-    record = await in_store(request, runner(request).store.batch, batch_id)
-    if record is None:
-        raise APIError(404, f"no batch '{batch_id}'", param="batch_id", code="batch_not_found")
-    return dict(record)
+    return await found(request, runner(request).store.batch, batch_id, "batch")
 
 
 @router.get("/v1/batches/{batch_id}")

@@ -38,6 +38,14 @@ async def in_store(request: Request, fn: Any, *args: Any) -> Any:
         raise APIError(503, f"the batch folder is not usable: {exc}", code="batch_dir_unusable") from None
 
 
+async def found(request: Request, lookup: Any, key: str, what: str) -> dict[str, Any]:
+    """A file's or a batch's record from the store, or OpenAI's 404 naming it."""
+    record = await in_store(request, lookup, key)
+    if record is None:
+        raise APIError(404, f"no {what} '{key}'", param=f"{what}_id", code=f"{what}_not_found")
+    return dict(record)
+
+
 def form_fields(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
     """A multipart/form-data body's fields: name -> (filename, bytes)."""
     if not content_type.startswith("multipart/form-data"):
@@ -78,10 +86,7 @@ async def create_file(request: Request) -> JSONResponse:
 
 
 async def _file(request: Request, file_id: str) -> dict[str, Any]:
-    record = await in_store(request, runner(request).store.file, file_id)
-    if record is None:
-        raise APIError(404, f"no file '{file_id}'", param="file_id", code="file_not_found")
-    return dict(record)
+    return await found(request, runner(request).store.file, file_id, "file")
 
 
 @router.get("/v1/files/{file_id}")

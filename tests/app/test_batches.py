@@ -133,15 +133,17 @@ def test_unservable_input_is_a_400_at_creation(client: OpenAI, data: bytes, endp
     assert refused.value.body["param"] == param  # type: ignore[index]
 
 
+def started(client: OpenAI, batch_id: str) -> bool:
+    """Whether the job has answered its first group."""
+    counts = client.batches.retrieve(batch_id).request_counts
+    return counts is not None and counts.completed > 0
+
+
 def test_cancel_stops_a_running_job(client: OpenAI) -> None:
     lines = [embedding_line(f"c{i}", [f"text {i} {j}" for j in range(16)]) for i in range(120)]
     batch = submitted(client, jsonl(lines))
 
-    def started() -> bool:
-        counts = client.batches.retrieve(batch.id).request_counts
-        return counts is not None and counts.completed > 0
-
-    wait_for(started, DONE_TIMEOUT_S, "the job's first group")
+    wait_for(lambda: started(client, batch.id), DONE_TIMEOUT_S, "the job's first group")
     assert client.batches.cancel(batch.id).status == "cancelling"
     batch = finished(client, batch.id)
     assert batch.status == "cancelled" and batch.cancelled_at
@@ -159,11 +161,7 @@ def test_a_stopped_runner_resumes_its_job_at_the_next_start(client: OpenAI, batc
     lines = [embedding_line(f"s{i}", [f"text {i} {j}" for j in range(4)]) for i in range(30)]
     batch = submitted(client, jsonl(lines))
 
-    def started() -> bool:
-        counts = client.batches.retrieve(batch.id).request_counts
-        return counts is not None and counts.completed > 0
-
-    wait_for(started, DONE_TIMEOUT_S, "the job's first group")
+    wait_for(lambda: started(client, batch.id), DONE_TIMEOUT_S, "the job's first group")
     batch_server.client.portal.call(runner.stop)
     stopped = client.batches.retrieve(batch.id)
     assert stopped.status == "in_progress" and stopped.request_counts is not None
