@@ -45,8 +45,8 @@ serve: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m orchestrator
 
 test: $(STAMP) $(MODEL_DIR)/config.json chromium
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone" --durations=15 --ignore=tests/container --ignore=tests/checkpoints $(PYTEST_ARGS)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m alone --durations=5 --ignore=tests/container --ignore=tests/checkpoints $(PYTEST_ARGS) || [ $$? = 5 ]
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone" --durations=15 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m alone --durations=5 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # tests/test_status_page.py drives Debian's headless chromium: installed here where it is missing (as root).
 .PHONY: chromium
@@ -59,7 +59,7 @@ chromium:
 # ~470 MB fetched once into ~/.cache/warmpool-checkpoints): exactness, and a retrieval check at every
 # precision. Apart from make test for its download; CI runs both.
 test-checkpoints: $(STAMP) $(MODEL_DIR)/config.json
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/checkpoints $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/real_checkpoints $(PYTEST_ARGS)
 
 # The in-process layer alone (no server processes): seconds, for the edit-test loop.
 test-unit: $(STAMP) $(MODEL_DIR)/config.json

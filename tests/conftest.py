@@ -12,7 +12,7 @@ from tests.tiny_models import TinyFolders
 
 os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"})
 MODEL_DIR = ROOT / "models" / "all-MiniLM-L6-v2"
-IN_PROCESS = tuple(Path(__file__).parent / layer for layer in ("unit", "app", "checkpoints"))
+IN_PROCESS = tuple(Path(__file__).parent / layer for layer in ("unit", "app", "real_checkpoints"))
 
 
 # The longest files (make test's --durations), sent first to the parallel workers so they end together.
