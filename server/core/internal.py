@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from server.core.outputs import RawBody
 from server.core.pipeline import Prepare, Render, respond
 from server.core.services import Services
 from server.core.timings import Timings
-from server.http.errors import ClientDisconnected, response_for
+from server.http.errors import ClientDisconnected, bad_request, response_for
 
 
 async def answer_body(
@@ -24,5 +25,12 @@ async def answer_body(
         raise
     except Exception as exc:  # answered as the HTTP route answers it
         response = response_for(exc)
+        return response.status_code, bytes(response.body)
+    if isinstance(outcome.rendered, RawBody):  # a JSONL line cannot hold it
+        response = response_for(
+            bad_request(
+                "encoding_format bytes answers raw bytes, not JSON: a batch takes float or base64", "encoding_format"
+            )
+        )
         return response.status_code, bytes(response.body)
     return 200, outcome.rendered

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,7 +64,7 @@ def encode_vector(
     vector: np.ndarray, encoding_format: str, dtype: str = "float32", endianness: str = "little"
 ) -> np.ndarray | str:
     """base64 of the vector's bytes (little-endian float32 by default: what the openai client
-    decodes), or the array for to_json."""
+    decodes), or the array: for to_json, or for raw_vectors (the RAW formats)."""
     if encoding_format == "base64":
         return base64.b64encode(float_bytes(vector, dtype, endianness)).decode("ascii")
     return vector
@@ -109,6 +111,45 @@ def encode_vectors(
         return quantized(vectors, encoding_format).tolist()  # type: ignore[no-any-return]
     floats = vectors.astype(np.float32)
     return [encode_vector(v, encoding_format, dtype, endianness) for v in floats]
+
+
+RAW = ("bytes", "bytes_only")  # vLLM's: the body is the vectors' bytes, not JSON
+
+
+@dataclass(frozen=True)
+class RawBody:
+    """A rendered answer that is not JSON: its bytes, media type and headers."""
+
+    content: bytes
+    media_type: str = "application/octet-stream"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def raw_vectors(
+    vectors: Sequence[np.ndarray], encoding_format: str, dtype: str, endianness: str, meta: dict[str, Any]
+) -> RawBody:
+    """vLLM's `bytes` answer: each vector's bytes one after another; with `bytes` (not `bytes_only`) a
+    `metadata` header holds `meta` (the surface's envelope) and, per vector, where its bytes are."""
+    parts: list[bytes] = []
+    items: list[dict[str, Any]] = []
+    offset = 0
+    for index, vector in enumerate(vectors):
+        part = float_bytes(vector, dtype, endianness)
+        shape = list(np.shape(vector))
+        items.append(
+            {
+                "index": index,
+                "embed_dtype": dtype,
+                "endianness": endianness,
+                "start": offset,
+                "end": offset + len(part),
+                "shape": shape,
+            }
+        )
+        parts.append(part)
+        offset += len(part)
+    headers = {} if encoding_format == "bytes_only" else {"metadata": orjson.dumps({**meta, "data": items}).decode()}
+    return RawBody(b"".join(parts), headers=headers)
 
 
 JSON_FLOAT_BYTES = 16  # the most a float32 takes in to_json: 15 characters at most, and a comma

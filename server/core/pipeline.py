@@ -23,6 +23,7 @@ from fastapi.responses import Response
 from common.wire import Tokens
 from server.core.engine_client import EngineFailed, EngineUnavailable, Outcome
 from server.core.inputs import ModelStarting, RequestContext, overloaded
+from server.core.outputs import RawBody
 from server.core.services import ServedModel, Services, services
 from server.core.timings import Timings
 from server.http.errors import APIError, ClientDisconnected, Shape, bad_request
@@ -50,7 +51,7 @@ class Prepared(Generic[B, S]):
 
 
 Prepare = Callable[[bytes, RequestContext], Prepared[Any, Any]]
-Render = Callable[[Prepared[Any, Any], Outcome, RequestContext], bytes]
+Render = Callable[[Prepared[Any, Any], Outcome, RequestContext], "bytes | RawBody"]
 
 
 def request_context(svc: Services) -> RequestContext:
@@ -192,7 +193,7 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
         "timings": timings,
         "model": ctx.model_name,
     }
-    return json_response(outcome.rendered, timings)
+    return rendered_response(outcome.rendered, timings)
 
 
 async def respond(
@@ -363,6 +364,14 @@ async def _client_gone(request: Request) -> None:
 def json_response(body: bytes, timings: Timings | None = None) -> Response:
     headers = timings.headers() if timings else None
     return Response(content=body, media_type="application/json", headers=headers)
+
+
+def rendered_response(rendered: bytes | RawBody, timings: Timings) -> Response:
+    """A render's JSON, or its raw body (vLLM's `bytes` encodings) with its own media type and headers."""
+    if isinstance(rendered, RawBody):
+        headers = {**timings.headers(), **rendered.headers}
+        return Response(content=rendered.content, media_type=rendered.media_type, headers=headers)
+    return json_response(rendered, timings)
 
 
 def envelope(prefix: str, ctx: RequestContext, **fields: Any) -> dict[str, Any]:

@@ -96,10 +96,11 @@ class FloatBytes(Part):
 
 
 class VectorEncoding(FloatBytes):
-    """How a dense vector is answered: floats, base64, or quantized as Cohere's embedding types
-    (int8, uint8, binary, ubinary: an extension of OpenAI's and TEI's surfaces)."""
+    """How a dense vector is answered: floats, base64, quantized as Cohere's embedding types (int8,
+    uint8, binary, ubinary: an extension of OpenAI's and TEI's surfaces), or vLLM's raw bytes (the
+    body is the vectors' bytes; `bytes` adds a `metadata` header, `bytes_only` does not)."""
 
-    encoding_format: Literal["float", "base64", "int8", "uint8", "binary", "ubinary"] = "float"
+    encoding_format: Literal["float", "base64", "int8", "uint8", "binary", "ubinary", "bytes", "bytes_only"] = "float"
 
     @classmethod
     def of(cls, body: VectorEncoding) -> VectorEncoding:
@@ -116,7 +117,7 @@ class EmbeddingRequest(InputRequest, SparseOptions, LongInputOptions, OutputOpti
 class PoolingRequest(InputRequest, OutputOptions, FloatBytes):
     """vLLM's /pooling: answers the engine's raw output."""
 
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
     input_type: str | None = None  # Cohere's: search_query makes a multi-vector model's inputs queries
 
 

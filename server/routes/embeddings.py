@@ -46,10 +46,14 @@ def prepare_embeddings(raw: bytes, ctx: RequestContext) -> Prepared[Ask, Any]:
     return kinds.of(ctx).embed(ask_of(body), ctx)
 
 
-def render_embeddings(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> bytes:
-    data = [
-        {"object": "embedding", "index": i, **item} for i, item in enumerate(kinds.of(ctx).items(prep, outcome, ctx))
-    ]
+def render_embeddings(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> bytes | outputs.RawBody:
+    items = kinds.of(ctx).items(prep, outcome, ctx)
+    encoding = prep.body.encoding
+    if encoding.encoding_format in outputs.RAW:
+        vectors = [item["embedding"] for item in items]
+        meta = envelope("embd", ctx, usage=prep.usage())
+        return outputs.raw_vectors(vectors, encoding.encoding_format, encoding.embed_dtype, encoding.endianness, meta)
+    data = [{"object": "embedding", "index": i, **item} for i, item in enumerate(items)]
     return outputs.to_json(envelope("embd", ctx, data=data, usage=prep.usage()))
 
 
@@ -71,14 +75,19 @@ def prepare_pooling(raw: bytes, ctx: RequestContext) -> Prepared[PoolingRequest,
     prompt = prompt_text(ctx.folder, body.prompt_name)
     wanted = m3.asked(body.outputs, ctx)
     if wanted is not None and body.encoding_format != "float":
-        raise inputs.bad_request("base64 applies to a single vector per input, not to 'outputs'", "encoding_format")
+        raise inputs.bad_request(
+            f"encoding_format={body.encoding_format} applies to a single vector per input, not to 'outputs'",
+            "encoding_format",
+        )
     tokens = inputs.tokenize_inputs(body.input, ctx, body.truncate_prompt_tokens, prompt=prompt)
     if wanted is None:
         return Prepared(body, tokens)
     return Prepared(body, m3.marked(tokens, wanted, ctx, "input"), m3.Asked(wanted, None))
 
 
-def render_pooling(prep: Prepared[PoolingRequest, Any], outcome: Outcome, ctx: RequestContext) -> bytes:
+def render_pooling(
+    prep: Prepared[PoolingRequest, Any], outcome: Outcome, ctx: RequestContext
+) -> bytes | outputs.RawBody:
     """The engine's output as is: pooled hidden states (before Normalize) or classifier logits; a
     multi-vector model's token vectors (those it scores), a list per input."""
     body, state = prep.body, prep.state
@@ -89,6 +98,8 @@ def render_pooling(prep: Prepared[PoolingRequest, Any], outcome: Outcome, ctx: R
         return outputs.to_json(envelope("pool", ctx, data=data, usage=prep.usage()))
     encoding = (body.encoding_format, body.embed_dtype, body.endianness)
     rows = kinds.of(ctx).token_items(state, outcome, ctx) if state is not None else outcome.vectors.astype("float32")
+    if body.encoding_format in outputs.RAW:
+        return outputs.raw_vectors(list(rows), *encoding, envelope("pool", ctx, usage=prep.usage()))
     data = [{"object": "pooling", "index": i, "data": outputs.encode_vector(v, *encoding)} for i, v in enumerate(rows)]
     return outputs.to_json(envelope("pool", ctx, data=data, usage=prep.usage()))
 

@@ -63,9 +63,14 @@ def prepare_embed(raw: bytes, ctx: RequestContext) -> Prepared[Ask, Any]:
     return kinds.of(ctx).embed(tei_ask(body), ctx)
 
 
-def render_embed(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> bytes:
-    """A bare list of vectors; normalized unless asked otherwise, as TEI does for every model."""
-    return outputs.to_json([item["embedding"] for item in kinds.of(ctx).items(prep, outcome, ctx)])
+def render_embed(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestContext) -> bytes | outputs.RawBody:
+    """A bare list of vectors; normalized unless asked otherwise, as TEI does for every model (or
+    vLLM's raw bytes, our extension: the metadata header holds where each vector is)."""
+    vectors = [item["embedding"] for item in kinds.of(ctx).items(prep, outcome, ctx)]
+    encoding = prep.body.encoding
+    if encoding.encoding_format in outputs.RAW:
+        return outputs.raw_vectors(vectors, encoding.encoding_format, encoding.embed_dtype, encoding.endianness, {})
+    return outputs.to_json(vectors)
 
 
 def prepare_embed_all(raw: bytes, ctx: RequestContext) -> Prepared[Ask, Any]:
@@ -188,7 +193,9 @@ def prepare_root(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any, Any]
     return Prepared(inner, inner.tokens, render)
 
 
-def render_root(prep: Prepared[Prepared[Any, Any], Render], outcome: Outcome, ctx: RequestContext) -> bytes:
+def render_root(
+    prep: Prepared[Prepared[Any, Any], Render], outcome: Outcome, ctx: RequestContext
+) -> bytes | outputs.RawBody:
     return prep.state(prep.body, outcome, ctx)
 
 

@@ -72,6 +72,8 @@ def prepare_predict(raw: bytes, ctx: RequestContext) -> Prepared[Prepared[Any, A
     parameters = dict(body.parameters or {})
     if "inputs" in parameters:
         raise inputs.bad_request("'parameters' must not carry 'inputs': give them as 'instances'", "parameters")
+    if parameters.get("encoding_format") in outputs.RAW:  # predictions are JSON
+        raise inputs.bad_request("Vertex's predictions are JSON: encoding_format bytes does not apply", "parameters")
     if parameters.get("priority") is not None:  # the request's priority, wherever Vertex's caller put it
         ctx.priority = checked_priority(parameters["priority"], "parameters.priority")
     where = [f"instances[{i}]" for i in range(len(body.instances))]
@@ -104,7 +106,9 @@ def render_scores(prep: Prepared[Any, Any], outcome: Outcome, ctx: RequestContex
 
 
 def render_predict(prep: Prepared[Prepared[Any, Any], Render], outcome: Outcome, ctx: RequestContext) -> bytes:
-    return b'{"predictions":' + prep.state(prep.body, outcome, ctx) + b"}"
+    inner = prep.state(prep.body, outcome, ctx)
+    assert isinstance(inner, bytes)  # raw bodies are refused at prepare
+    return b'{"predictions":' + inner + b"}"
 
 
 _INPUTS = re.compile(r"\binputs\b")

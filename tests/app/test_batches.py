@@ -93,12 +93,18 @@ def test_malformed_lines_are_error_lines(client: OpenAI) -> None:
         embedding_line("good", "a second 'good'"),
         {**embedding_line("wrong-url", "x"), "url": "/v1/chat/completions"},
         {**embedding_line("wrong-method", "x"), "method": "GET"},
+        {
+            "custom_id": "raw",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"input": "x", "encoding_format": "bytes"},
+        },
         {"custom_id": "refused", "method": "POST", "url": "/v1/embeddings", "body": {"input": []}},
     ]
     batch = finished(client, submitted(client, jsonl(lines)).id)
     assert batch.status == "completed"
     assert batch.request_counts is not None
-    assert (batch.request_counts.completed, batch.request_counts.failed) == (1, 6)
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (1, 7)
     assert [line["custom_id"] for line in lines_of(client, batch.output_file_id)] == ["good"]
     errors = lines_of(client, batch.error_file_id)
     assert [(line["custom_id"], line["error"] and line["error"]["code"]) for line in errors] == [
@@ -107,8 +113,10 @@ def test_malformed_lines_are_error_lines(client: OpenAI) -> None:
         ("good", "duplicate_custom_id"),
         ("wrong-url", "invalid_url"),
         ("wrong-method", "invalid_method"),
+        ("raw", None),  # a raw-bytes body cannot be a JSONL line
         ("refused", None),
     ]
+    assert errors[-2]["response"]["body"]["error"]["param"] == "encoding_format"
     refused = errors[-1]["response"]
     assert refused["status_code"] == 400 and refused["body"]["error"]["type"] == "invalid_request_error"
 

@@ -5,6 +5,7 @@ and ubinary, each equal to sentence-transformers' quantize_embeddings on the sur
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,51 @@ def test_vllm_embed_dtype_and_endianness(server: Served, path: str, dtype: str, 
         raw = as_torch.view(torch.int16 if dtype != "float32" else torch.int32).numpy()
         order = ">" if endianness == "big" else "<"
         assert base64.b64decode(got[key]) == raw.astype(raw.dtype.newbyteorder(order)).tobytes()
+
+
+def raw_vectors(body: bytes, items: list[dict[str, Any]]) -> list[torch.Tensor]:
+    """vLLM's client-side decoding of a `bytes` answer (its examples' decode_pooling_output)."""
+    vectors = []
+    for item in items:
+        dtype = getattr(torch, item["embed_dtype"])
+        raw = np.frombuffer(body[item["start"] : item["end"]], dtype=np.int16 if dtype.itemsize == 2 else np.int32)
+        if item["endianness"] == "big":
+            raw = raw.byteswap()
+        vectors.append(torch.from_numpy(raw.copy()).view(dtype).reshape(item["shape"]))
+    return vectors
+
+
+@pytest.mark.parametrize(("path", "key"), [("/v1/embeddings", "embedding"), ("/pooling", "data"), ("/embed", None)])
+@pytest.mark.parametrize(("dtype", "endianness"), [("float32", "little"), ("bfloat16", "big")])
+def test_vllm_bytes_are_the_vectors_with_their_metadata(
+    server: Served, path: str, key: str | None, dtype: str, endianness: str
+) -> None:
+    """encoding_format bytes: the body is the vectors' bytes, the `metadata` header says where each is."""
+    field = "inputs" if key is None else "input"
+    floats = server.post(path, json={field: TEXTS}).json()
+    floats = floats if key is None else [d[key] for d in floats["data"]]
+    body = {field: TEXTS, "encoding_format": "bytes", "embed_dtype": dtype, "endianness": endianness}
+    answer = server.post(path, json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"] == "application/octet-stream"
+    metadata = json.loads(answer.headers["metadata"])
+    if key is not None:  # vLLM's envelope beside the items
+        assert metadata["model"] and metadata["usage"]["prompt_tokens"] > 0
+    got = raw_vectors(answer.content, metadata["data"])
+    want = [torch.tensor(v, dtype=torch.float32).to(getattr(torch, dtype)) for v in floats]
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_vllm_bytes_only_has_no_metadata(server: Served) -> None:
+    with_metadata = server.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "bytes"})
+    bare = server.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "bytes_only"})
+    assert bare.status_code == 200 and "metadata" not in bare.headers
+    assert bare.content == with_metadata.content
+
+
+def test_vertex_refuses_raw_bytes(vertex_server: Served) -> None:
+    answer = vertex_server.post(VERTEX_PREDICT, json={"instances": TEXTS, "parameters": {"encoding_format": "bytes"}})
+    assert answer.status_code == 400 and "encoding_format" in answer.json()["error"], answer.text
 
 
 @pytest.mark.parametrize(

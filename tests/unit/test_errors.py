@@ -77,7 +77,7 @@ def test_a_value_outside_a_literal_names_the_allowed_values() -> None:
     """encoding_format "int4" is refused naming the field and the values it takes."""
     error = error_of(response_for(validation_error(EmbeddingRequest, '{"input": "x", "encoding_format": "int4"}')))
     assert error["param"] == "encoding_format"
-    assert "'float', 'base64', 'int8', 'uint8', 'binary' or 'ubinary'" in error["message"]
+    assert "'float', 'base64', 'int8', 'uint8', 'binary', 'ubinary', 'bytes' or 'bytes_only'" in error["message"]
 
 
 def test_a_number_below_its_minimum_names_the_field_and_the_bound() -> None:
