@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from server.core import fp8
 from server.http.errors import bad_request
 
 
@@ -49,10 +50,12 @@ _ORDER = {"native": "=", "little": "<", "big": ">"}
 
 
 def float_bytes(vector: np.ndarray, dtype: str = "float32", endianness: str = "little") -> bytes:
-    """A vector's bytes in vLLM's `embed_dtype` (float32, float16, bfloat16) and `endianness`.
-    bfloat16 is float32's upper half rounded to nearest even, as torch converts it."""
+    """A vector's bytes in vLLM's `embed_dtype` (float32, float16, bfloat16, fp8_e4m3, fp8_e5m2) and
+    `endianness`. bfloat16 is float32's upper half rounded to nearest even, as torch converts it."""
     order = _ORDER[endianness]
     values = np.asarray(vector, dtype=np.float32)
+    if dtype in fp8.FORMATS:  # one byte a value: no order
+        return fp8.codes(values, dtype).tobytes()
     if dtype == "bfloat16":
         bits = values.view(np.uint32).astype(np.uint64)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16

@@ -91,7 +91,7 @@ class FloatBytes(Part):
     """vLLM's width and byte order of base64 vectors (float32, the host's order: what the openai
     client decodes); other formats ignore them, as vLLM's do."""
 
-    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
     endianness: Literal["native", "big", "little"] = "native"
 
 

@@ -22,6 +22,13 @@ from tests.server_process import Served
 
 TEXTS = ["A man is eating food.", "Ein Mann isst Essen.", "", "Paris is the capital of France.", "🚀 café"]
 ENCODINGS = ["float", "base64", "int8", "uint8", "binary", "ubinary"]
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
 
 
 def openai(path: str) -> Callable[[Served, str, int | None], list[Any]]:
@@ -116,7 +123,10 @@ def test_a_vector_does_not_depend_on_its_batch(server: Served) -> None:
 
 
 @pytest.mark.parametrize("path", ["/v1/embeddings", "/pooling"])
-@pytest.mark.parametrize(("dtype", "endianness"), [("float16", "little"), ("bfloat16", "big"), ("float32", "big")])
+@pytest.mark.parametrize(
+    ("dtype", "endianness"),
+    [("float16", "little"), ("bfloat16", "big"), ("float32", "big"), ("fp8_e4m3", "big"), ("fp8_e5m2", "little")],
+)
 def test_vllm_embed_dtype_and_endianness(server: Served, path: str, dtype: str, endianness: str) -> None:
     """vLLM's embed_dtype and endianness: base64 of the floats as torch converts them."""
     floats = server.post(path, json={"input": TEXTS}).json()["data"]
@@ -124,8 +134,8 @@ def test_vllm_embed_dtype_and_endianness(server: Served, path: str, dtype: str, 
     answer = server.post(path, json=body).json()["data"]
     key = "embedding" if path == "/v1/embeddings" else "data"
     for got, want in zip(answer, floats, strict=True):
-        as_torch = torch.tensor(want[key], dtype=torch.float32).to(getattr(torch, dtype))
-        raw = as_torch.view(torch.int16 if dtype != "float32" else torch.int32).numpy()
+        as_torch = torch.tensor(want[key], dtype=torch.float32).to(TORCH_DTYPES[dtype])
+        raw = as_torch.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[as_torch.itemsize]).numpy()
         order = ">" if endianness == "big" else "<"
         assert base64.b64decode(got[key]) == raw.astype(raw.dtype.newbyteorder(order)).tobytes()
 
@@ -134,8 +144,9 @@ def raw_vectors(body: bytes, items: list[dict[str, Any]]) -> list[torch.Tensor]:
     """vLLM's client-side decoding of a `bytes` answer (its examples' decode_pooling_output)."""
     vectors = []
     for item in items:
-        dtype = getattr(torch, item["embed_dtype"])
-        raw = np.frombuffer(body[item["start"] : item["end"]], dtype=np.int16 if dtype.itemsize == 2 else np.int32)
+        dtype = TORCH_DTYPES[item["embed_dtype"]]
+        view = {1: np.uint8, 2: np.int16, 4: np.int32}[dtype.itemsize]
+        raw = np.frombuffer(body[item["start"] : item["end"]], dtype=view)
         if item["endianness"] == "big":
             raw = raw.byteswap()
         vectors.append(torch.from_numpy(raw.copy()).view(dtype).reshape(item["shape"]))
@@ -143,7 +154,7 @@ def raw_vectors(body: bytes, items: list[dict[str, Any]]) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize(("path", "key"), [("/v1/embeddings", "embedding"), ("/pooling", "data"), ("/embed", None)])
-@pytest.mark.parametrize(("dtype", "endianness"), [("float32", "little"), ("bfloat16", "big")])
+@pytest.mark.parametrize(("dtype", "endianness"), [("float32", "little"), ("bfloat16", "big"), ("fp8_e4m3", "native")])
 def test_vllm_bytes_are_the_vectors_with_their_metadata(
     server: Served, path: str, key: str | None, dtype: str, endianness: str
 ) -> None:
@@ -159,8 +170,8 @@ def test_vllm_bytes_are_the_vectors_with_their_metadata(
     if key is not None:  # vLLM's envelope beside the items
         assert metadata["model"] and metadata["usage"]["prompt_tokens"] > 0
     got = raw_vectors(answer.content, metadata["data"])
-    want = [torch.tensor(v, dtype=torch.float32).to(getattr(torch, dtype)) for v in floats]
-    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    want = [torch.tensor(v, dtype=torch.float32).to(TORCH_DTYPES[dtype]) for v in floats]
+    assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want, strict=True))
 
 
 def test_vllm_bytes_only_has_no_metadata(server: Served) -> None:
@@ -180,7 +191,7 @@ def test_vertex_refuses_raw_bytes(vertex_server: Served) -> None:
     [
         ({"encoding_format": "int8", "embed_dtype": "float16"}, "embed_dtype"),
         ({"encoding_format": "int4"}, "encoding_format"),
-        ({"encoding_format": "base64", "embed_dtype": "fp8_e4m3"}, "embed_dtype"),
+        ({"encoding_format": "base64", "embed_dtype": "float64"}, "embed_dtype"),
     ],
 )
 def test_encodings_that_cannot_apply_are_400(server: Served, body: dict[str, Any], field: str) -> None:
