@@ -146,7 +146,8 @@ class SettingFields(BaseSettings):
         "refuse",
         description=(
             "A text longer than the model takes, unless the request says: `refuse` (400), `truncate`, or "
-            "`chunk` (embedded as overlapping windows, their token-weighted mean; see [limits](../limits.md))."
+            "`chunk` (embedded as overlapping windows, their token-weighted mean; a reranked or scored "
+            "document as passages, its best passage's score; see [limits](../limits.md))."
         ),
     )
     max_windows: int = Field(64, ge=1, description="Windows one text may be chunked into (400 past it).")

@@ -60,6 +60,7 @@ class OutputKind:
     name: ClassVar[str]
     capabilities: ClassVar[tuple[str, ...]] = ()  # Infinity's names for what it serves
     takes_images: ClassVar[bool] = False
+    reads_pairs: ClassVar[bool] = False  # a pair is one input (a cross-encoder's), not two scored apart
 
     def card(self, folder: ModelFolder, settings: Settings) -> dict[str, Any]:
         """What /v1/models adds for it: its outputs, pooling and similarity."""

@@ -31,6 +31,7 @@ class CrossEncoder(Labels):
 
     name = "cross-encoder"
     capabilities: ClassVar[tuple[str, ...]] = ("rerank",)
+    reads_pairs = True
 
     def tei_type(self, folder: ModelFolder) -> dict[str, Any]:
         return {"reranker": super().tei_type(folder)["classifier"]}

@@ -167,7 +167,14 @@ class ScoreContent(Part):
     content: list[ContentPart] = Field(min_length=1)
 
 
-class ScoreRequest(Body):
+class PassageOptions(LongInputOptions):
+    """Documents longer than the model's window beside their query: `long_inputs: "chunk"` scores
+    them as overlapping passages and takes the best passage's score (`passage_scoring: "mean"`: their mean)."""
+
+    passage_scoring: Literal["max", "mean"] = "max"
+
+
+class ScoreRequest(PassageOptions, Body):
     text_1: StrictStr | list[StrictStr] | ScoreContent
     text_2: StrictStr | list[StrictStr] | ScoreContent
     model: str | None = None
@@ -187,7 +194,7 @@ class DocumentImage(Part):
     image: StrictStr
 
 
-class RerankRequest(Body):
+class RerankRequest(PassageOptions, Body):
     """Jina/Cohere shape (`documents`), or TEI's (`texts`, answered in TEI's shape)."""
 
     query: StrictStr

@@ -12,6 +12,7 @@ documents on /rerank), scored by the cosine in the shared space.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,8 @@ from server.core.pipeline import Prepared, answer, envelope
 from server.kinds.image_text import shared_space_pairs
 from server.kinds.pairs import PairAsk, Pairs
 from server.protocols.openai import DocumentImage, DocumentText, RerankRequest, ScoreContent, ScoreRequest, openapi_body
+from server.texts import passages
+from server.texts.passages import Passages
 from server.tokenizing.tokenizer import Direction
 from server.vision import multimodal
 
@@ -34,7 +37,24 @@ router = APIRouter(tags=["scoring"])
 SCORERS = ("cross-encoder", "embedding", "sparse", "multi-vector")
 
 
-Ranked = tuple[Pairs, list[Any], bool]  # a rerank's pairs, its documents as given, answered in TEI's shape
+@dataclass(frozen=True)
+class Scored:
+    """A scoring request's pairs as the engine runs them, and, for long documents chunked, its passages."""
+
+    pairs: Pairs
+    passages: Passages | None = None
+    count: int = 0  # the request's pairs (the passages fold back into these)
+
+    def scores(self, vectors: np.ndarray, ctx: RequestContext, raw: bool = False) -> tuple[np.ndarray, list[Span]]:
+        """Each of the request's pairs' score, and where chunked, its best passage's span."""
+        scores = pair_scores(vectors, self.pairs, ctx, raw)
+        if self.passages is None:
+            return scores, []
+        return self.passages.fold(scores, self.count)
+
+
+Span = tuple[int, int]
+Ranked = tuple[Scored, list[Any], bool]  # a rerank's pairs, its documents as given, answered in TEI's shape
 
 
 def tokenize_pairs(
@@ -55,6 +75,42 @@ def pair_scores(vectors: np.ndarray, pairs: Pairs, ctx: RequestContext, raw: boo
     return kinds.of(ctx).scores(vectors, pairs, ctx, raw)
 
 
+def long_mode(body: ScoreRequest | RerankRequest, truncate: int | None, ctx: RequestContext) -> int | str | None:
+    """The truncation a request's pairs get, or "chunk": a truncation the request asks for wins, then
+    its `long_inputs`, then WARMPOOL_LONG_INPUTS (refuse: None, too long is a 400)."""
+    if truncate is not None:
+        return truncate
+    mode = body.long_inputs or ctx.settings.long_inputs
+    return {"refuse": None, "truncate": -1, "chunk": "chunk"}[mode]
+
+
+def scored_pairs(
+    lefts: list[str],
+    rights: list[str],
+    ctx: RequestContext,
+    truncate: int | str | None,
+    fields: tuple[str, str],
+    body: ScoreRequest | RerankRequest,
+    direction: Direction = "right",
+) -> tuple[list[Tokens], Scored]:
+    """The pairs' engine inputs; under "chunk", long right sides as passages (server/texts/passages.py)."""
+    if truncate != "chunk":
+        assert not isinstance(truncate, str)
+        tokens, pairs = tokenize_pairs(lefts, rights, ctx, truncate, fields, direction)
+        return tokens, Scored(pairs)
+    kind = kinds.of(ctx)
+    prompt = kind.pair_prompt(ctx, None)
+    cut_lefts, cut_rights, owners, spans = passages.split(lefts, rights, ctx, fields, kind.reads_pairs, prompt)
+    # each passage fits beside its query (passages.SLACK); a query too long for its window was refused
+    tokens, pairs = tokenize_pairs(cut_lefts, cut_rights, ctx, -1, fields, direction)
+    return tokens, Scored(pairs, Passages(owners, spans, body.passage_scoring), len(rights))
+
+
+def passage_of(spans: list[Span], i: int) -> dict[str, Any]:
+    """A result's winning passage, where documents were chunked."""
+    return {"passage": {"start": spans[i][0], "end": spans[i][1]}} if spans else {}
+
+
 def score_items(side: str | list[str] | ScoreContent, field: str) -> list[multimodal.Item]:
     """A side of /score as items: texts, or vLLM's {"content": [parts]} (one input per part)."""
     if isinstance(side, str):
@@ -64,7 +120,7 @@ def score_items(side: str | list[str] | ScoreContent, field: str) -> list[multim
     return [multimodal.part_item(p.model_dump(), f"{field}.content[{i}]") for i, p in enumerate(side.content)]
 
 
-def prepare_score(raw: bytes, ctx: RequestContext) -> Prepared[ScoreRequest, Pairs]:
+def prepare_score(raw: bytes, ctx: RequestContext) -> Prepared[ScoreRequest, Scored]:
     body = inputs.parse(ScoreRequest, raw)
     ctx.select_model(body.model)
     ctx.require("/score", *SCORERS)
@@ -82,17 +138,18 @@ def prepare_score(raw: bytes, ctx: RequestContext) -> Prepared[ScoreRequest, Pai
     fields, truncate = ("text_1", "text_2"), body.truncate_prompt_tokens
     if kinds.of(ctx).takes_images:
         tokens, pairs = shared_space_pairs(lefts, rights, ctx, truncate, fields)
-        return Prepared(body, tokens, pairs)
+        return Prepared(body, tokens, Scored(pairs))
     for field, items in zip(fields, (lefts, rights), strict=True):
         if any(kind == "image" for kind, _ in items):
             multimodal.vision_of(ctx, field)  # a text-only model: a 400 that says which models take images
-    tokens, pairs = tokenize_pairs([s for _, s in lefts], [s for _, s in rights], ctx, truncate, fields)
-    return Prepared(body, tokens, pairs)
+    texts = [s for _, s in lefts], [s for _, s in rights]
+    tokens, scored = scored_pairs(*texts, ctx, long_mode(body, truncate, ctx), fields, body)
+    return Prepared(body, tokens, scored)
 
 
-def render_score(prep: Prepared[ScoreRequest, Pairs], outcome: Outcome, ctx: RequestContext) -> bytes:
-    scores = pair_scores(outcome.vectors, prep.state, ctx)
-    data = [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(scores)]
+def render_score(prep: Prepared[ScoreRequest, Scored], outcome: Outcome, ctx: RequestContext) -> bytes:
+    scores, spans = prep.state.scores(outcome.vectors, ctx)
+    data = [{"index": i, "object": "score", "score": float(s), **passage_of(spans, i)} for i, s in enumerate(scores)]
     return outputs.to_json(envelope("score", ctx, data=data, usage=prep.usage()))
 
 
@@ -116,10 +173,10 @@ def prepare_rerank(raw: bytes, ctx: RequestContext) -> Prepared[RerankRequest, R
     if kinds.of(ctx).takes_images or any(isinstance(d, DocumentImage) for d in given):
         return _rerank_images(body, given, ctx, field, truncate, tei)
     documents: list[Any] = [d.text if isinstance(d, DocumentText) else d for d in given]
-    tokens, pairs = tokenize_pairs(
-        [body.query] * len(documents), documents, ctx, truncate, ("query", field), body.truncation_direction
-    )
-    return Prepared(body, tokens, (pairs, documents, tei))
+    mode = long_mode(body, truncate, ctx)
+    queries = [body.query] * len(documents)
+    tokens, scored = scored_pairs(queries, documents, ctx, mode, ("query", field), body, body.truncation_direction)
+    return Prepared(body, tokens, (scored, documents, tei))
 
 
 def _rerank_images(
@@ -133,31 +190,38 @@ def _rerank_images(
     ]
     tokens, pairs = shared_space_pairs([("text", body.query)] * len(items), items, ctx, truncate, ("query", field))
     documents = [d if isinstance(d, DocumentImage) else s for d, (_, s) in zip(given, items, strict=True)]
-    return Prepared(body, tokens, (pairs, documents, tei))
+    return Prepared(body, tokens, (Scored(pairs), documents, tei))
 
 
 def ranked(
     prep: Prepared[RerankRequest, Ranked], vectors: np.ndarray, ctx: RequestContext
-) -> tuple[np.ndarray, list[int]]:
-    """The scores and the documents' indices best first, cut to top_n."""
-    pairs = prep.state[0]
-    scores = pair_scores(vectors, pairs, ctx, raw=prep.body.raw_scores)
+) -> tuple[np.ndarray, list[int], list[Span]]:
+    """The scores, the documents' indices best first cut to top_n, and the winning passages' spans."""
+    scores, spans = prep.state[0].scores(vectors, ctx, raw=prep.body.raw_scores)
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
-    return scores, order[: prep.body.top_n or len(scores)]
+    return scores, order[: prep.body.top_n or len(scores)], spans
 
 
 def render_rerank(prep: Prepared[RerankRequest, Ranked], outcome: Outcome, ctx: RequestContext) -> bytes:
     """Jina/Cohere's {"results": [{index, relevance_score, document}]}, or TEI's bare ranked list."""
     _, documents, tei = prep.state
-    scores, order = ranked(prep, outcome.vectors, ctx)
+    scores, order, spans = ranked(prep, outcome.vectors, ctx)
     if tei:
         text = prep.body.return_text
         return outputs.to_json(
-            [{"index": i, "score": float(scores[i]), **({"text": documents[i]} if text else {})} for i in order]
+            [
+                {
+                    "index": i,
+                    "score": float(scores[i]),
+                    **({"text": documents[i]} if text else {}),
+                    **passage_of(spans, i),
+                }
+                for i in order
+            ]
         )
     results = []
     for i in order:
-        result: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+        result: dict[str, Any] = {"index": i, "relevance_score": float(scores[i]), **passage_of(spans, i)}
         if prep.body.return_documents:
             document = documents[i]
             result["document"] = (

@@ -158,6 +158,18 @@ class TokenizerPool:
         windows() take it from here): what a long text costs before any bound is its Rust encoding."""
         return self.get().encode_batch_fast([text], add_special_tokens=False)[0]
 
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        """Each of a text's tokens' character span (special tokens aside): where passages are cut."""
+        return self.get().encode_batch([text], add_special_tokens=False)[0].offsets  # type: ignore[no-any-return]
+
+    def pair_overhead(self, query: str) -> int:
+        """The tokens a cross-encoder's pair takes beside its document: the query and the special
+        tokens, or a causal-LM reranker's whole prompt around an empty document."""
+        if self.pair_template is not None:
+            fixed = len(self._prefix) + len(self._suffix) + self.special_tokens
+            return fixed + len(self.encode_raw(self.pair_template.format(query, "")))
+        return self.special_tokens_pair + len(self.encode_raw(query))
+
     def surely_longer(self, text: str, tokens: int) -> bool:
         """Whether `text` has surely more than `tokens` tokens (special tokens aside), found by encoding
         it a piece at a time and stopping once past: a text far too long costs a piece's encoding,

@@ -121,3 +121,17 @@ def test_pooled_routes_and_long_documents_are_clear_400s(colbert: Served) -> Non
     assert colbert.post("/pooling", json={"input": long}).status_code == 400
     r = colbert.post("/pooling", json={"input": long, "truncate_prompt_tokens": -1})
     assert r.status_code == 200 and len(r.json()["data"][0]["data"]) == 24
+
+
+def test_a_long_document_scores_as_its_best_passage(colbert: Served) -> None:
+    """long_inputs chunk on a ColBERT model: the best MaxSim among the passages, each as /score
+    scores it alone."""
+    document = " ".join(f"sentence {i} is about the tower and the river" for i in range(12))
+    body = {"text_1": "the tower", "text_2": [document], "long_inputs": "chunk"}
+    answer = colbert.post("/score", json=body)
+    assert answer.status_code == 200, answer.text
+    (item,) = answer.json()["data"]
+    passage = document[item["passage"]["start"] : item["passage"]["end"]]
+    assert 0 < len(passage) < len(document)
+    alone = colbert.post("/score", json={"text_1": "the tower", "text_2": [passage]}).json()["data"][0]["score"]
+    assert item["score"] == pytest.approx(alone, abs=1e-6)
