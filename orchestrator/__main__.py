@@ -91,7 +91,8 @@ def _write_port(path: Path, port: int) -> None:
 
 def _refusal(settings: Settings) -> tuple[str, str] | None:
     """(phase, reason) for settings that must not start: an API key configured but empty (the
-    server would serve open), a keys file that cannot be used, a device that is not there (the engine could not start)."""
+    server would serve open), a keys file that cannot be used, a device that is not there (the
+    engine could not start)."""
     try:
         key = settings.resolved_api_key()
     except ApiKeyError as exc:

@@ -110,12 +110,14 @@ class TenantGuard:
             )
             await self._refuse(error, path, scope, receive, send)
             return
+        limits = self.keys.limits[tenant.name]
+        # named in the access log and the trace, refused or not
+        scope.setdefault("state", {})["tenant"] = TenantPass(tenant.name, tenant.models, limits)
         if needed not in tenant.scopes:
             self.metrics.tenant_rejections.labels(tenant=tenant.name, reason="scope").inc()
             error = APIError(403, f"this API key lacks the '{needed}' scope", code="insufficient_scope")
             await self._refuse(error, path, scope, receive, send)
             return
-        limits = self.keys.limits[tenant.name]
         refusal = limits.admit()
         if refusal is not None:
             self.metrics.tenant_rejections.labels(tenant=tenant.name, reason=refusal.reason).inc()
@@ -123,7 +125,6 @@ class TenantGuard:
             await self._refuse(error, path, scope, receive, send)
             return
         self.metrics.tenant_requests.labels(tenant=tenant.name).inc()
-        scope.setdefault("state", {})["tenant"] = TenantPass(tenant.name, tenant.models, limits)
         try:
             await self.app(scope, receive, send)
         finally:

@@ -72,7 +72,7 @@ def keyring(data: Any, single_key: str | None = None) -> Keyring:
         raise KeysFileError('the keys file must be one object {"tenants": {NAME: {...}}}')
     tenants: dict[str, Tenant] = {}
     by_digest: dict[bytes, Tenant] = {}
-    entries = [(name, entry, None) for name, entry in data["tenants"].items()]
+    entries: list[tuple[Any, Any, str | None]] = [(name, entry, None) for name, entry in data["tenants"].items()]
     if single_key is not None:
         if SINGLE_KEY_TENANT in data["tenants"]:
             raise KeysFileError(f"tenant '{SINGLE_KEY_TENANT}' is WARMPOOL_API_KEY's: name the file's tenant otherwise")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from server.tenants.buckets import LimitsTable, TenantLimits, TokenBucket, duration
-from server.tenants.keysfile import Keyring, KeysFileError, Quota, keyring, parse
+from server.tenants.keysfile import KeysFileError, Quota, keyring, parse
 from server.tenants.watcher import KeysWatcher
 
 HASHED = "sha256:" + hashlib.sha256(b"hashed-key").hexdigest()
@@ -265,3 +265,12 @@ def test_a_secret_volume_symlink_swap_is_seen(tmp_path: Path) -> None:
 def test_an_unusable_file_at_the_start_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(KeysFileError, match="cannot read"):
         KeysWatcher(tmp_path / "absent.json", 5.0)
+
+
+def test_the_kubernetes_example_loads() -> None:
+    """deploy/kubernetes/api-keys-secret.yaml's keys file is one the server takes."""
+    import yaml
+
+    manifest = yaml.safe_load((Path(__file__).parents[2] / "deploy/kubernetes/api-keys-secret.yaml").read_text())
+    ring = parse(manifest["stringData"]["keys.yaml"].encode(), Path("keys.yaml"))
+    assert sorted(ring.tenants) == ["ops", "search"]
