@@ -57,14 +57,18 @@ class Connection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def post(self, path: str, body: Any) -> tuple[int, dict[str, str], bytes]:
-        """POST `body` as JSON (bytes: JSON already encoded, as for bench.images' large bodies)."""
+    async def post(
+        self, path: str, body: Any, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        """POST `body` as JSON (bytes: JSON already encoded, as for bench.images' large bodies), with
+        `headers` more (an API key)."""
         if self.writer is None or self.writer.is_closing():
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         assert self.reader is not None
         payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self.writer.write(
-            f"POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n{extra}"
             f"content-length: {len(payload)}\r\n\r\n".encode()
             + payload
         )

@@ -365,6 +365,16 @@ class SettingFields(BaseSettings):
 
     api_key: SecretStr | None = Field(None, description="Bearer token required on API routes.")
     api_key_file: Path | None = Field(None, description="File holding the API key (a mounted secret).")
+    api_keys_file: Path | None = Field(
+        None,
+        description=(
+            "JSON or YAML file of named tenants: their keys, scopes, models and quotas (see "
+            "[Tenants](../operations/tenants.md)); reloaded on change."
+        ),
+    )
+    api_keys_reload_interval: float = Field(
+        5.0, gt=0, le=3600, description="Seconds between checks of WARMPOOL_API_KEYS_FILE for a change."
+    )
 
     otlp_endpoint: str | None = Field(
         None,

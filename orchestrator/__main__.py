@@ -91,11 +91,20 @@ def _write_port(path: Path, port: int) -> None:
 
 def _refusal(settings: Settings) -> tuple[str, str] | None:
     """(phase, reason) for settings that must not start: an API key configured but empty (the
-    server would serve open), a device that is not there (the engine could not start)."""
+    server would serve open), a keys file that cannot be used, a device that is not there (the
+    engine could not start)."""
     try:
-        settings.resolved_api_key()
+        key = settings.resolved_api_key()
     except ApiKeyError as exc:
         return "bind", str(exc)
+    if settings.api_keys_file is not None:
+        from server.tenants.keysfile import KeysFileError
+        from server.tenants.watcher import KeysWatcher
+
+        try:  # a keys file that cannot be used at the start has no last good keys to fall back on
+            KeysWatcher(settings.api_keys_file, settings.api_keys_reload_interval, key)
+        except KeysFileError as exc:
+            return "bind", str(exc)
     try:
         device = settings.resolved_device
     except DeviceError as exc:

@@ -73,6 +73,7 @@ class RequestContext:
     priority: int = 0  # lower runs first; above 0 is bulk work, kept out of the admission reserve
     url_images: UrlImages | None = None  # its image URLs, fetched on the event loop (set by the pipeline)
     adapter: str = ""  # the LoRA adapter of `model` the request names (its inputs carry it); "": the base
+    allowed: frozenset[str] | None = None  # the models and adapters the request's tenant may use; None: all
 
     @property
     def folder(self) -> ModelFolder:
@@ -92,6 +93,7 @@ class RequestContext:
         adapter of one (its base serves it); 404 for a name not served, 503 for a model still starting."""
         if name is None:
             return
+        self.check_allowed(name)
         self.chosen = True
         self.adapter = ""
         if name == self.model.name:
@@ -115,6 +117,17 @@ class RequestContext:
                 code="model_not_found",
             )
         self._use(self.served[name])
+
+    def check_allowed(self, name: str) -> None:
+        """404 for a model or adapter outside the tenant's list, as OpenAI answers a model one may not
+        use (which other models exist is not the tenant's business)."""
+        if self.allowed is not None and name not in self.allowed:
+            raise APIError(
+                404,
+                f"model '{name}' does not exist or this API key may not use it",
+                param="model",
+                code="model_not_found",
+            )
 
     def _use(self, model: ServedModel) -> None:
         """Another model serves the request: the permits held move to its admission pool (with

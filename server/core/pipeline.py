@@ -28,6 +28,7 @@ from server.core.services import ServedModel, Services, services
 from server.core.timings import Timings
 from server.http.errors import APIError, ClientDisconnected, Shape, bad_request
 from server.protocols.openai import PRIORITY_LIMIT
+from server.tenants.guard import TenantPass
 from server.vision.url_images import UrlImages
 
 B = TypeVar("B")
@@ -183,7 +184,8 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
     timings.arrived = time.perf_counter()  # tokenization time counts from here, not from the upload
     gone = asyncio.ensure_future(_client_gone(request))
     try:
-        prepared, outcome, ctx = await respond(svc, prepare, render, raw, shape, priority, traced, gone)
+        tenant = getattr(request.state, "tenant", None)
+        prepared, outcome, ctx = await respond(svc, prepare, render, raw, shape, priority, traced, gone, tenant)
     finally:
         gone.cancel()
     timings.answered = time.perf_counter()
@@ -205,15 +207,18 @@ async def respond(
     priority: int,
     traced: dict[str, Any],
     gone: asyncio.Future[Any],
+    tenant: TenantPass | None = None,
 ) -> tuple[Prepared[Any, Any], Outcome, RequestContext]:
     """A body that has arrived, admitted, prepared, run and rendered (`outcome.rendered`): what an
     HTTP request and a batch job's line (server/core/internal.py) share. `gone` done: given up (499).
-    `traced` holds the request's Timings and gets its model."""
+    `traced` holds the request's Timings and gets its model. A `tenant` (server/tenants/) limits the
+    models it may name, and its tokens per minute are charged once the tokens are counted."""
     timings: Timings = traced["timings"]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + svc.settings.request_timeout
     with admitted(svc, shape, priority) as ctx:
         traced["model"] = ctx.model_name
+        ctx.allowed = tenant.models if tenant is not None else None
         try:
             prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
         except ModelStarting as starting:
@@ -222,6 +227,9 @@ async def respond(
                     raise
                 await svc.until_booted()  # its permit held meanwhile: held requests count as admitted
             prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
+        if tenant is not None:
+            ctx.check_allowed(ctx.model_name)  # the model it was given without naming one
+            tenant.charge(prepared.n_tokens, svc.metrics)
         timings.submitted = time.perf_counter()
         timings.tokenization_ms = (timings.submitted - (timings.arrived or timings.started)) * 1000
         if prepared.tokens:
@@ -276,6 +284,8 @@ async def answer_without_engine(
         await svc.serving_model()
         raw = await read_body(request, svc)
     with admitted(svc, shape) as ctx:
+        tenant = getattr(request.state, "tenant", None)
+        ctx.allowed = tenant.models if tenant is not None else None
         try:
             body = await svc.off_loop(respond, raw, ctx)
         except ModelStarting as starting:

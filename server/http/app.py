@@ -13,7 +13,7 @@ from server.batches.runner import BatchRunner
 from server.core.services import Services
 from server.http import errors
 from server.http.direct import DirectRoutes
-from server.http.middleware import ApiKeyGuard, BodyLimit, RequestTracking
+from server.http.middleware import BodyLimit, RequestTracking, is_open
 from server.routes import (
     batches,
     classify,
@@ -30,6 +30,8 @@ from server.routes import (
     tokenize,
     vertex,
 )
+from server.tenants.guard import TenantGuard, key_source
+from server.tenants.watcher import KeysWatcher
 
 
 def create_app(svc: Services) -> FastAPI:
@@ -82,11 +84,13 @@ def probe_paths(settings: Settings) -> tuple[str, ...]:
 
 
 def with_middleware(app: FastAPI) -> ASGIApp:
-    """The ASGI app uvicorn serves: tracking outermost, then the API key, then the body limit."""
+    """The ASGI app uvicorn serves: tracking outermost, then the key check (with a key or a keys file
+    configured), then the body limit."""
     svc: Services = app.state.services
-    key = svc.settings.resolved_api_key()
     inner: ASGIApp = BodyLimit(DirectRoutes(app, app.state.api_routes), svc)
     probes = probe_paths(svc.settings)
-    if key:
-        inner = ApiKeyGuard(inner, key, probes)
+    keys = key_source(svc.settings)
+    if keys is not None:
+        svc.keys = keys if isinstance(keys, KeysWatcher) else None
+        inner = TenantGuard(inner, keys, svc.metrics, lambda path, method: is_open(path, method, probes))
     return RequestTracking(inner, svc, app.state.route_paths, probes)

@@ -120,6 +120,19 @@ class Metrics:
         self.rejections = Counter(
             "warmpool_rejections_total", "Requests refused before any work", ["reason"], registry=registry
         )
+        # per tenant of WARMPOOL_API_KEYS_FILE (its name, never its key): the file bounds the labels
+        self.tenant_requests = Counter(
+            "warmpool_tenant_requests_total", "Requests let through, by tenant", ["tenant"], registry=registry
+        )
+        self.tenant_tokens = Counter(
+            "warmpool_tenant_tokens_total", "Tokens charged to tenants' quotas", ["tenant"], registry=registry
+        )
+        self.tenant_rejections = Counter(
+            "warmpool_tenant_rejections_total",
+            "Requests refused by tenant and reason: scope, requests, concurrent, tokens",
+            ["tenant", "reason"],
+            registry=registry,
+        )
         self.restarts = Counter(
             "warmpool_engine_restarts_total", "Engines re-forked after a crash", ["model"], registry=registry
         )

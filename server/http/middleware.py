@@ -1,8 +1,8 @@
-"""ASGI middleware: request ids, in-flight count, metrics and access log; body limit; API key."""
+"""ASGI middleware: request ids, in-flight count, metrics and access log; body limit; which paths need
+no key (the key check itself: server/tenants/guard.py)."""
 
 from __future__ import annotations
 
-import hmac
 import time
 import uuid
 from typing import Any
@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from server.core.services import Services
 from server.http.errors import APIError, error_response
 
-OPEN_PATHS = ("/health", "/version", "/metrics", "/status")
+OPEN_PATHS = ("/health", "/version", "/status")  # /metrics: the key check decides (server/tenants/guard.py)
 OPEN_PAGES = ("/",)  # open to GET only (the status page): POST / is an API route and keeps the key
 TRACESTATE_LIMIT = 8192  # 32 entries of 256 characters, what W3C trace context allows
 UPLOAD_FORM_BYTES = 64 * 1024  # a Batch API upload's multipart framing and its other fields
@@ -67,7 +67,7 @@ class RequestTracking:
             route = path if path in self.routes else "other"
             self._record(scope["method"], path, route, status, state, time.perf_counter() - started, ids)
             if span is not None:
-                access = state.get("access") or state.get("traced") or {}
+                access = {**(state.get("access") or state.get("traced") or {}), "tenant": _tenant(state)}
                 tracing.end_request(span, scope["method"], path, route, status, access)  # type: ignore[union-attr]
 
     def _quiet(self, path: str) -> bool:
@@ -94,6 +94,7 @@ class RequestTracking:
             **ids,
             method=method,
             route=route,
+            tenant=_tenant(state),
             status=status,
             inputs=access.get("inputs"),
             tokens=access.get("tokens"),
@@ -144,28 +145,14 @@ class BodyLimit:
         await error_response(self._too_large(limit))(scope, receive, send)
 
 
-class ApiKeyGuard:
-    """Bearer-token check on every route but probes, version, metrics and the status page; constant-time compare."""
-
-    def __init__(self, app: ASGIApp, key: str, probes: tuple[str, ...] = ()) -> None:
-        self.app = app
-        self.expected = f"Bearer {key}".encode()
-        self.probes = probes  # platforms' health checks carry no key
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _is_open(scope["path"], scope["method"], self.probes):
-            await self.app(scope, receive, send)
-            return
-        given = (_header(scope, b"authorization", limit=None) or "").encode("latin-1")
-        if hmac.compare_digest(given, self.expected):
-            await self.app(scope, receive, send)
-            return
-        response = error_response(APIError(401, "missing or invalid API key", code="invalid_api_key"))
-        response.headers["www-authenticate"] = "Bearer"
-        await response(scope, receive, send)
+def _tenant(state: dict[str, Any]) -> str | None:
+    """The request's tenant's name (server/tenants/guard.py), never its key."""
+    tenant = state.get("tenant")
+    return tenant.name if tenant is not None else None
 
 
-def _is_open(path: str, method: str, probes: tuple[str, ...] = ()) -> bool:
+def is_open(path: str, method: str, probes: tuple[str, ...] = ()) -> bool:
+    """Paths answered without a key: probes, version, the status page and its polls."""
     if _dot_segments(path):  # /health/../admin/... is no probe: the key decides, the router 404s
         return False
     if method in ("GET", "HEAD") and (path in OPEN_PAGES or path in probes):

@@ -120,7 +120,7 @@ class Tracing:
         }
         if route != "other":
             attributes["http.route"] = route
-        for key in ("model", "inputs", "tokens"):
+        for key in ("model", "inputs", "tokens", "tenant"):  # the tenant's name, never its key
             if access.get(key) is not None:
                 attributes[f"warmpool.{key}"] = access[key]
         span.set_attributes(attributes)

@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 
 from common.settings import ApiKeyError, Settings
-from server.http.middleware import ApiKeyGuard
+from server.http.metrics import Metrics
+from server.http.middleware import is_open
+from server.tenants.guard import StaticKeys, TenantGuard
+from server.tenants.keysfile import single_key_ring
 
 
 def test_no_key_configured_means_no_authentication(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,7 +56,7 @@ def test_a_key_file_is_stripped(tmp_path: Path) -> None:
 
 
 def guarded_status(key: str, given: str | None, path: str = "/v1/embeddings", method: str = "POST") -> int:
-    """The status ApiKeyGuard answers a request carrying `Authorization: Bearer given` (None: no header)."""
+    """The status the key check answers a request carrying `Authorization: Bearer given` (None: no header)."""
     sent: list[dict[str, Any]] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -72,7 +75,8 @@ def guarded_status(key: str, given: str | None, path: str = "/v1/embeddings", me
         "path": path,
         "headers": [] if given is None else [(b"authorization", f"Bearer {given}".encode())],
     }
-    asyncio.run(ApiKeyGuard(app, key)(scope, receive, send))
+    guard = TenantGuard(app, StaticKeys(single_key_ring(key)), Metrics(dict), is_open)
+    asyncio.run(guard(scope, receive, send))
     return int(sent[0]["status"])
 
 

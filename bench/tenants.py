@@ -1,0 +1,152 @@
+"""Tenants' quotas: does a noisy tenant over its quota slow the others, and what does the check cost?
+
+1. One server with a keys file of three tenants. Two quiet tenants send paced 1-input requests;
+   in the `noisy` condition a third tenant sends at 5x its `requests_per_second` (most of it refused
+   with 429 at the request's head). Conditions alternate round by round, so drift hits them alike.
+   Prints the quiet tenants' p50/p99 in each condition and the ratio to the condition without it.
+2. A paired micro-bench of the key check in process (TenantGuard on an app that answers nothing):
+   a tenant with quotas admitted, the same tenant refused (429), against the single
+   WARMPOOL_API_KEY (no quota) measured in the same run. Target: the quota check within 20 us a request.
+Never asserts.
+Usage: .venv/bin/python -m bench.tenants [--rounds 2] [--seconds 8] [--quiet-rate 20] [--noisy-quota 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import MODEL, Connection, pct, run, sentences
+from tests.server_process import ServerProcess
+
+QUIET = {"quiet-a": "key-quiet-a", "quiet-b": "key-quiet-b"}
+NOISY_KEY = "key-noisy"
+
+
+def keys_file(path: Path, noisy_quota: float) -> Path:
+    tenants: dict[str, Any] = {name: {"keys": [key], "scopes": ["inference"]} for name, key in QUIET.items()}
+    tenants["noisy"] = {"keys": [NOISY_KEY], "scopes": ["inference"], "quota": {"requests_per_second": noisy_quota}}
+    path.write_text(json.dumps({"tenants": tenants}))
+    return path
+
+
+async def paced(
+    port: int, key: str, rate: float, seconds: float, texts: list[str], seed: int
+) -> list[tuple[int, float]]:
+    """(status, ms) of requests sent at `rate` a second for `seconds` (a late answer delays the next)."""
+    conn, out = Connection(port), []
+    headers = {"authorization": f"Bearer {key}"}
+    start = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t0 = time.perf_counter()
+        status, _, _ = await conn.post("/v1/embeddings", {"input": texts[(seed + i) % len(texts)]}, headers)
+        out.append((status, (time.perf_counter() - t0) * 1000))
+    conn.close()
+    return out
+
+
+async def phase(port: int, args: argparse.Namespace, noisy: bool, texts: list[str]) -> tuple[list[float], int, int]:
+    """(quiet tenants' latencies of their 200s, noisy's 200s, noisy's 429s)."""
+    quiet = [paced(port, key, args.quiet_rate, args.seconds, texts, i * 97) for i, key in enumerate(QUIET.values())]
+    # five connections at its quota each: 5x its rate whatever the latency (one connection waits for its answers)
+    loud = [paced(port, NOISY_KEY, args.noisy_quota, args.seconds, texts, 7 + i) for i in range(5)] if noisy else []
+    results = await asyncio.gather(*quiet, *loud)
+    latencies = [ms for r in results[: len(quiet)] for status, ms in r if status == 200]
+    noisy_statuses = [status for r in results[len(quiet) :] for status, _ in r]
+    return latencies, noisy_statuses.count(200), noisy_statuses.count(429)
+
+
+def micro(n: int, rounds: int) -> dict[str, float]:
+    """us per request through TenantGuard, each condition's best round (rounds alternate)."""
+    from server.http.metrics import Metrics
+    from server.tenants.guard import StaticKeys, TenantGuard
+    from server.tenants.keysfile import keyring, single_key_ring
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Any) -> None:
+        return None
+
+    quota = {"requests_per_second": 1e12, "tokens_per_minute": 10**9, "concurrent": 1000}
+    ring = keyring({"tenants": {"t": {"keys": ["quota-key"], "scopes": ["inference"], "quota": quota}}})
+    tight = keyring({"tenants": {"t": {"keys": ["quota-key"], "scopes": ["inference"], "quota": {"concurrent": 1}}}})
+    metrics = Metrics(dict)
+    tight_source = StaticKeys(tight)
+    tight_source.limits["t"].admit()  # its one concurrent slot held for the whole run: every request refused
+    guards = {
+        "single key, no quota (baseline)": TenantGuard(app, StaticKeys(single_key_ring("quota-key")), metrics, _closed),
+        "tenant with quotas, admitted": TenantGuard(app, StaticKeys(ring), metrics, _closed),
+        "tenant over quota, refused (429)": TenantGuard(app, tight_source, metrics, _closed),
+    }
+    headers = [(b"authorization", b"Bearer quota-key")]
+    best = {name: float("inf") for name in guards}
+    for round_ in range(rounds):
+        order = list(guards) if round_ % 2 == 0 else list(guards)[::-1]
+        for name in order:
+            guard = guards[name]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": headers}
+                coro = guard(scope, receive, send)
+                with contextlib.suppress(StopIteration):  # nothing awaits a real event: it ends at once
+                    coro.send(None)
+            best[name] = min(best[name], (time.perf_counter() - t0) / n * 1e6)
+    return best
+
+
+def _closed(path: str, method: str) -> bool:
+    return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--quiet-rate", type=float, default=20, help="requests a second per quiet tenant")
+    parser.add_argument("--noisy-quota", type=float, default=10, help="the noisy tenant's requests_per_second")
+    parser.add_argument("--micro-requests", type=int, default=200_000)
+    args = parser.parse_args()
+    texts = sentences(500)
+    results: dict[bool, tuple[list[float], int, int]] = {False: ([], 0, 0), True: ([], 0, 0)}
+    with tempfile.TemporaryDirectory() as tmp:
+        keys = keys_file(Path(tmp) / "keys.json", args.noisy_quota)
+        server = ServerProcess(MODEL, Path(tmp) / "server.log", log_level="warning", api_keys_file=keys).wait_ready()
+        try:
+            server.wait_engines()
+            run(paced(server.port, QUIET["quiet-a"], 20, 1.0, texts, 0))  # warm: first requests' costs unmeasured
+            for round_ in range(args.rounds):
+                for noisy in (False, True) if round_ % 2 == 0 else (True, False):
+                    lat, ok, refused = run(phase(server.port, args, noisy, texts))
+                    before = results[noisy]
+                    results[noisy] = (before[0] + lat, before[1] + ok, before[2] + refused)
+        finally:
+            server.stop()
+    base_p50, base_p99 = pct(results[False][0], 0.5), pct(results[False][0], 0.99)
+    for noisy, (lat, ok, refused) in results.items():
+        p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
+        extra = f"; noisy tenant: {ok} served, {refused} refused (429)" if noisy else ""
+        print(
+            f"{'with' if noisy else 'without'} the noisy tenant: quiet p50 {p50:.1f} ms ({p50 / base_p50:.2f}x), "
+            f"p99 {p99:.1f} ms ({p99 / base_p99:.2f}x), {len(lat)} requests{extra}"
+        )
+    micro_us = micro(args.micro_requests, 2 * args.rounds)
+    baseline = micro_us["single key, no quota (baseline)"]
+    for name, us in micro_us.items():
+        print(f"key check, {name}: {us:.2f} us/request ({us - baseline:+.2f} us against the baseline)")
+
+
+if __name__ == "__main__":
+    main()

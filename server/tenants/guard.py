@@ -1,0 +1,144 @@
+"""The key check for every route but probes, version and the status page: who the key is (its
+tenant), whether its scopes allow the route, whether its quota allows one more request now. Errors
+leave in the shape of the surface the path belongs to; the tenant (never its key) is put in the
+request's state for the access log, the trace, the metrics and the pipeline's model and token checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from common.settings import Settings
+from server.http.errors import APIError, Shape, error_response
+from server.http.metrics import Metrics
+from server.tenants.buckets import LimitsTable, TenantLimits
+from server.tenants.keysfile import Keyring, single_key_ring
+from server.tenants.watcher import KeysWatcher
+
+# Head-level errors of these paths leave in their surface's shape (shared paths such as /rerank,
+# whose shape follows the body, answer OpenAI's).
+TEI_PATHS = frozenset(
+    {"/", "/invocations", "/embed", "/embed_all", "/embed_sparse", "/predict", "/similarity", "/decode"}
+)
+COHERE_PATHS = frozenset({"/v1/embed", "/v2/embed", "/v2/rerank"})
+
+
+class KeySource(Protocol):
+    ring: Keyring
+    limits: LimitsTable
+
+    def poll(self) -> None: ...
+
+
+class OpenCheck(Protocol):
+    def __call__(self, path: str, method: str) -> bool: ...
+
+
+class StaticKeys:
+    """WARMPOOL_API_KEY alone: never reloaded."""
+
+    def __init__(self, ring: Keyring) -> None:
+        self.ring = ring
+        self.limits = LimitsTable()
+        self.limits.update(ring)
+
+    def poll(self) -> None:
+        pass
+
+
+def key_source(settings: Settings) -> KeySource | None:
+    """The keys file (reloaded on change; WARMPOOL_API_KEY, if set too, its tenant `default`), or
+    WARMPOOL_API_KEY alone, or None: no key asked for."""
+    key = settings.resolved_api_key()
+    if settings.api_keys_file is not None:
+        return KeysWatcher(settings.api_keys_file, settings.api_keys_reload_interval, key)
+    return StaticKeys(single_key_ring(key)) if key else None
+
+
+@dataclass(frozen=True)
+class TenantPass:
+    """What a request's tenant allows it, once its key is known."""
+
+    name: str
+    models: frozenset[str] | None  # None: every model
+    limits: TenantLimits
+
+    def charge(self, tokens: int, metrics: Metrics) -> None:
+        """The request's tokens against the tenant's tokens per minute, before the engine: 429 past it."""
+        refusal = self.limits.charge(tokens)
+        if refusal is not None:
+            metrics.tenant_rejections.labels(tenant=self.name, reason=refusal.reason).inc()
+            raise APIError(429, refusal.message, code="rate_limit_exceeded", headers=refusal.headers)
+        metrics.tenant_tokens.labels(tenant=self.name).inc(tokens)
+
+
+def shape_of(path: str) -> Shape:
+    return "tei" if path in TEI_PATHS else "cohere" if path in COHERE_PATHS else "openai"
+
+
+def scope_of(path: str) -> str:
+    if path == "/metrics":
+        return "metrics"
+    return "admin" if path.startswith("/admin/") else "inference"
+
+
+class TenantGuard:
+    def __init__(self, app: ASGIApp, keys: KeySource, metrics: Metrics, is_open: OpenCheck) -> None:
+        self.app = app
+        self.keys = keys
+        self.metrics = metrics
+        self.is_open = is_open
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or self.is_open(path, scope["method"]):
+            await self.app(scope, receive, send)
+            return
+        self.keys.poll()
+        ring = self.keys.ring
+        needed = scope_of(path)
+        if needed == "metrics" and ring.metrics_open:
+            await self.app(scope, receive, send)
+            return
+        token = _bearer(scope)
+        tenant = ring.tenant_for(token) if token else None
+        if tenant is None:
+            error = APIError(
+                401, "missing or invalid API key", code="invalid_api_key", headers={"www-authenticate": "Bearer"}
+            )
+            await self._refuse(error, path, scope, receive, send)
+            return
+        limits = self.keys.limits[tenant.name]
+        # named in the access log and the trace, refused or not
+        scope.setdefault("state", {})["tenant"] = TenantPass(tenant.name, tenant.models, limits)
+        if needed not in tenant.scopes:
+            self.metrics.tenant_rejections.labels(tenant=tenant.name, reason="scope").inc()
+            error = APIError(403, f"this API key lacks the '{needed}' scope", code="insufficient_scope")
+            await self._refuse(error, path, scope, receive, send)
+            return
+        refusal = limits.admit()
+        if refusal is not None:
+            self.metrics.tenant_rejections.labels(tenant=tenant.name, reason=refusal.reason).inc()
+            error = APIError(429, refusal.message, code="rate_limit_exceeded", headers=refusal.headers)
+            await self._refuse(error, path, scope, receive, send)
+            return
+        self.metrics.tenant_requests.labels(tenant=tenant.name).inc()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            limits.release()
+
+    async def _refuse(self, error: APIError, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+        error.shape = shape_of(path)
+        await error_response(error)(scope, receive, send)
+
+
+def _bearer(scope: Scope) -> bytes:
+    """The Authorization header's bearer token (b"" without one): any length the server accepts."""
+    for key, value in scope.get("headers", []):
+        if key == b"authorization":
+            scheme, _, token = bytes(value).partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else b""
+    return b""
