@@ -21,10 +21,11 @@ import structlog
 from server.batches import lines
 from server.batches.endpoints import ENDPOINTS, Endpoint
 from server.batches.states import StateError
-from server.batches.store import BatchStore, Progress
+from server.batches.store import BatchStore, Owner, Progress
 from server.core.internal import answer_body
 from server.core.services import Services
-from server.http.errors import ClientDisconnected
+from server.http.errors import APIError, ClientDisconnected, response_for
+from server.tenants.guard import pass_for
 
 log = structlog.get_logger("warmpool.batches")
 
@@ -110,6 +111,7 @@ class BatchRunner:
             counts = {"total": found.total, "completed": 0, "failed": 0}
             record = await off_loop(store.move, batch_id, "in_progress", request_counts=counts)
         endpoint = ENDPOINTS[record["endpoint"]]
+        whose = await off_loop(store.owner, batch_id)
         progress = await off_loop(store.reopen, batch_id)
         log.info("batch_running", batch=batch_id, line=progress.next_line, total=found.total)
         while progress.next_line < found.total and not stop.done():
@@ -117,7 +119,7 @@ class BatchRunner:
                 await self._expired(batch_id)
                 return
             group, in_offset = await off_loop(lines.read_group, source, progress.in_offset, self.group_size)
-            answered = await self._group(record["endpoint"], endpoint, group, progress.next_line, found, stop)
+            answered = await self._group(record["endpoint"], endpoint, group, progress.next_line, found, whose, stop)
             if answered is None:
                 break  # cancelled: the group's answers are dropped
             output, errors, ok, failed = answered
@@ -148,6 +150,7 @@ class BatchRunner:
         group: list[bytes],
         first: int,
         found: lines.Scan,
+        whose: Owner,
         stop: asyncio.Future[None],
     ) -> tuple[bytes, bytes, int, int] | None:
         """The group's output and error lines and their counts; None if the job was cancelled."""
@@ -160,7 +163,7 @@ class BatchRunner:
             if line.error is not None:
                 return None
             async with at_once:
-                return await self._line(endpoint, line.body, stop)
+                return await self._line(endpoint, line.body, whose, stop)
 
         try:
             answers = await asyncio.gather(*(run(line) for line in checked))
@@ -168,13 +171,23 @@ class BatchRunner:
             return None
         return await self.svc.off_loop(_assembled, checked, answers)
 
-    async def _line(self, endpoint: Endpoint, body: bytes, stop: asyncio.Future[None]) -> tuple[int, bytes]:
-        """The route's answer; a full server or no engine is waited out (the job's lines are bulk)."""
+    async def _line(
+        self, endpoint: Endpoint, body: bytes, whose: Owner, stop: asyncio.Future[None]
+    ) -> tuple[int, bytes]:
+        """The route's answer, within the job's tenant's models and quota; a full server, no engine or
+        the tenant's quota for now is waited out (the job's lines are bulk)."""
         delay = 0.05
         while True:
-            status, answer = await answer_body(self.svc, endpoint.prepare, endpoint.render, body, BATCH_PRIORITY, stop)
-            if status not in (429, 503):
-                return status, answer
+            try:
+                tenant = pass_for(self.svc.keys, whose.tenant)  # the keys file as it is now
+            except LookupError:
+                gone = APIError(
+                    403, f"the job's tenant '{whose.tenant}' is no longer in the keys file", code="tenant_gone"
+                )
+                return gone.status, bytes(response_for(gone).body)
+            answer = await answer_body(self.svc, endpoint.prepare, endpoint.render, body, BATCH_PRIORITY, stop, tenant)
+            if not answer.transient:
+                return answer.status, answer.body
             await asyncio.wait([stop], timeout=delay)
             if stop.done():
                 raise ClientDisconnected()

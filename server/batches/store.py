@@ -24,14 +24,23 @@ from server.batches.states import moved
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
-    id TEXT PRIMARY KEY, record TEXT NOT NULL, created_at INTEGER NOT NULL
+    id TEXT PRIMARY KEY, record TEXT NOT NULL, created_at INTEGER NOT NULL, owner TEXT
 );
 CREATE TABLE IF NOT EXISTS batches (
     id TEXT PRIMARY KEY, record TEXT NOT NULL, created_at INTEGER NOT NULL,
     in_offset INTEGER NOT NULL DEFAULT 0, next_line INTEGER NOT NULL DEFAULT 0,
-    out_offset INTEGER NOT NULL DEFAULT 0, err_offset INTEGER NOT NULL DEFAULT 0
+    out_offset INTEGER NOT NULL DEFAULT 0, err_offset INTEGER NOT NULL DEFAULT 0, owner TEXT
 );
 """
+TABLES = ("files", "batches")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose records a request sees: its tenant's (server/tenants/), or, on a server without keys, those
+    made without one (None). Calls without an Owner are the server's own and see every record."""
+
+    tenant: str | None
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,9 @@ class BatchStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(SCHEMA)
+            for table in TABLES:  # a folder made before records had owners
+                if "owner" not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
             self._db = db
         return self._db
 
@@ -79,7 +91,7 @@ class BatchStore:
     def output_path(self, batch_id: str, which: str) -> Path:
         return self.root / "outputs" / f"{batch_id}.{which}.jsonl"
 
-    def add_file(self, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
+    def add_file(self, filename: str, purpose: str, data: bytes, owner: Owner) -> dict[str, Any]:
         file_id = new_id("file-")
         path = self.file_path(file_id)
         self._conn()
@@ -89,9 +101,9 @@ class BatchStore:
             out.flush()
             os.fsync(out.fileno())
         partial.rename(path)
-        return self._register(file_id, filename, purpose, len(data))
+        return self._register(file_id, filename, purpose, len(data), owner.tenant)
 
-    def _register(self, file_id: str, filename: str, purpose: str, size: int) -> dict[str, Any]:
+    def _register(self, file_id: str, filename: str, purpose: str, size: int, owner: str | None) -> dict[str, Any]:
         now = int(time.time())
         record = {
             "id": file_id,
@@ -105,18 +117,22 @@ class BatchStore:
         }
         with self._lock:
             self._conn().execute(
-                "INSERT OR REPLACE INTO files (id, record, created_at) VALUES (?, ?, ?)",
-                (file_id, orjson.dumps(record), now),
+                "INSERT OR REPLACE INTO files (id, record, created_at, owner) VALUES (?, ?, ?, ?)",
+                (file_id, orjson.dumps(record), now, owner),
             )
         return record
 
-    def file(self, file_id: str) -> dict[str, Any] | None:
-        rows = self._query("SELECT record FROM files WHERE id = ?", file_id)
+    def _record(self, table: str, key: str, owner: Owner | None) -> dict[str, Any] | None:
+        sql = f"SELECT record FROM {table} WHERE id = ?"  # the table is one of ours, never the client's
+        rows = self._query(sql, key) if owner is None else self._query(sql + " AND owner IS ?", key, owner.tenant)
         return orjson.loads(rows[0][0]) if rows else None
 
-    def files(self, after: str | None, limit: int) -> list[dict[str, Any]]:
+    def file(self, file_id: str, owner: Owner | None = None) -> dict[str, Any] | None:
+        return self._record("files", file_id, owner)
+
+    def files(self, after: str | None, limit: int, owner: Owner) -> list[dict[str, Any]]:
         """Newest first, from after the file `after`; limit + 1 of them (the caller's has_more)."""
-        return self._page("files", after, limit)
+        return self._page("files", after, limit, owner)
 
     def delete_file(self, file_id: str) -> bool:
         with self._lock:
@@ -124,29 +140,32 @@ class BatchStore:
         self.file_path(file_id).unlink(missing_ok=True)
         return bool(deleted)
 
-    def _page(self, table: str, after: str | None, limit: int) -> list[dict[str, Any]]:
-        sql = f"SELECT record FROM {table}"  # the table is one of ours, never the client's
-        args: tuple[Any, ...] = ()
+    def _page(self, table: str, after: str | None, limit: int, owner: Owner) -> list[dict[str, Any]]:
+        sql = f"SELECT record FROM {table} WHERE owner IS ?"  # the table is one of ours, never the client's
+        args: tuple[Any, ...] = (owner.tenant,)
         if after is not None:
-            sql += f" WHERE rowid < (SELECT rowid FROM {table} WHERE id = ?)"
-            args = (after,)
+            sql += f" AND rowid < (SELECT rowid FROM {table} WHERE id = ?)"
+            args += (after,)
         rows = self._query(sql + " ORDER BY rowid DESC LIMIT ?", *args, limit + 1)
         return [orjson.loads(r[0]) for r in rows]
 
     # batches
-    def add_batch(self, record: dict[str, Any]) -> None:
+    def add_batch(self, record: dict[str, Any], owner: Owner) -> None:
         with self._lock:
             self._conn().execute(
-                "INSERT INTO batches (id, record, created_at) VALUES (?, ?, ?)",
-                (record["id"], orjson.dumps(record), record["created_at"]),
+                "INSERT INTO batches (id, record, created_at, owner) VALUES (?, ?, ?, ?)",
+                (record["id"], orjson.dumps(record), record["created_at"], owner.tenant),
             )
 
-    def batch(self, batch_id: str) -> dict[str, Any] | None:
-        rows = self._query("SELECT record FROM batches WHERE id = ?", batch_id)
-        return orjson.loads(rows[0][0]) if rows else None
+    def batch(self, batch_id: str, owner: Owner | None = None) -> dict[str, Any] | None:
+        return self._record("batches", batch_id, owner)
 
-    def batches(self, after: str | None, limit: int) -> list[dict[str, Any]]:
-        return self._page("batches", after, limit)
+    def owner(self, batch_id: str) -> Owner:
+        """Whose the job is: its lines run with that tenant's models and quota."""
+        return Owner(self._query("SELECT owner FROM batches WHERE id = ?", batch_id)[0][0])
+
+    def batches(self, after: str | None, limit: int, owner: Owner) -> list[dict[str, Any]]:
+        return self._page("batches", after, limit, owner)
 
     def unfinished(self) -> list[str]:
         """Jobs to run (or to resume, after a restart), oldest first."""
@@ -227,7 +246,7 @@ class BatchStore:
                 path.rename(self.file_path(file_id))
             elif not self.file_path(file_id).exists():  # cancelled before its first line
                 self.file_path(file_id).touch()
-            self._register(file_id, f"{batch_id}_{which}.jsonl", "batch_output", size)
+            self._register(file_id, f"{batch_id}_{which}.jsonl", "batch_output", size, self.owner(batch_id).tenant)
             ids[f"{which}_file_id"] = file_id
         return ids
 

@@ -4,33 +4,48 @@ prepare and render that serve the route over HTTP (pipeline.respond), at the pri
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, NamedTuple
 
 from server.core.outputs import RawBody
 from server.core.pipeline import Prepare, Render, respond
 from server.core.services import Services
 from server.core.timings import Timings
-from server.http.errors import ClientDisconnected, bad_request, response_for
+from server.http.errors import APIError, ClientDisconnected, bad_request, response_for
+from server.tenants.guard import TenantPass
+
+NEVER_FITS = "tokens_exceed_limit"  # a tenant's 429 that waiting cannot lift
+
+
+class Answer(NamedTuple):
+    status: int
+    body: bytes
+    transient: bool = False  # a full server, no engine, a quota for now: the same body may succeed later
 
 
 async def answer_body(
-    svc: Services, prepare: Prepare, render: Render, raw: bytes, priority: int, gone: asyncio.Future[Any]
-) -> tuple[int, bytes]:
-    """(status, JSON body) as the route would answer `raw`: 200 and its body, or an error's status
-    and OpenAI's error body. ClientDisconnected once `gone` is done (the job was cancelled or stops)."""
+    svc: Services,
+    prepare: Prepare,
+    render: Render,
+    raw: bytes,
+    priority: int,
+    gone: asyncio.Future[Any],
+    tenant: TenantPass | None = None,
+) -> Answer:
+    """The route's answer to `raw` (within `tenant`'s models and quota): 200 and its JSON body, or an
+    error's status and OpenAI's error body. ClientDisconnected once `gone` is done (the job was
+    cancelled or stops)."""
     try:
         await svc.serving_model()
-        _, outcome, _ = await respond(svc, prepare, render, raw, "openai", priority, {"timings": Timings()}, gone)
+        traced: dict[str, Any] = {"timings": Timings()}
+        _, outcome, _ = await respond(svc, prepare, render, raw, "openai", priority, traced, gone, tenant)
     except ClientDisconnected:
         raise
     except Exception as exc:  # answered as the HTTP route answers it
         response = response_for(exc)
-        return response.status_code, bytes(response.body)
+        lasting = isinstance(exc, APIError) and exc.code == NEVER_FITS
+        return Answer(response.status_code, bytes(response.body), response.status_code in (429, 503) and not lasting)
     if isinstance(outcome.rendered, RawBody):  # a JSONL line cannot hold it
-        response = response_for(
-            bad_request(
-                "encoding_format bytes answers raw bytes, not JSON: a batch takes float or base64", "encoding_format"
-            )
-        )
-        return response.status_code, bytes(response.body)
-    return 200, outcome.rendered
+        refusal = "encoding_format bytes answers raw bytes, not JSON: a batch takes float or base64"
+        response = response_for(bad_request(refusal, "encoding_format"))
+        return Answer(response.status_code, bytes(response.body))
+    return Answer(200, outcome.rendered)

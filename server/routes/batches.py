@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from server.batches import lines
 from server.batches.endpoints import ENDPOINTS
 from server.batches.states import StateError
-from server.batches.store import BatchStore, new_id
+from server.batches.store import BatchStore, Owner, new_id
 from server.core import inputs
 from server.core.inputs import require_kind
 from server.core.pipeline import read_body
@@ -20,20 +20,21 @@ from server.core.services import Services, services
 from server.http.errors import APIError, bad_request
 from server.protocols.batches import BatchRequest
 from server.protocols.openai import openapi_body
-from server.routes.files import found, in_store, listed, runner
+from server.routes.files import found, in_store, listed, owner, runner
 
 router = APIRouter(tags=["batches"])
 WINDOW_S = 24 * 3600  # completion_window "24h": a job still running past it expires
 LIST_LIMIT_BATCHES = 100  # OpenAI's bound on a page of batches
+Allowed = frozenset[str] | None  # the models a tenant may use (None: every model)
 
 
-def checked_batch(svc: Services, store: BatchStore, raw: bytes) -> dict[str, Any]:
-    """The new job's record; 400 for an input file that is missing, not JSONL, or whose lines name
-    an endpoint or a model this server does not serve."""
+def checked_batch(svc: Services, store: BatchStore, raw: bytes, whose: Owner, allowed: Allowed) -> dict[str, Any]:
+    """The new job's record; 400 for an input file that is missing (or another tenant's), not JSONL,
+    or whose lines name an endpoint or a model this server does not serve (or the tenant may not use)."""
     body = inputs.parse(BatchRequest, raw)
     if body.endpoint not in ENDPOINTS:
         raise bad_request(f"'endpoint' must be one of {', '.join(ENDPOINTS)}", "endpoint")
-    source = store.file(body.input_file_id)
+    source = store.file(body.input_file_id, whose)
     if source is None or source["purpose"] != "batch":
         raise bad_request(f"no batch input file '{body.input_file_id}'", "input_file_id")
     found = lines.scan(store.file_path(body.input_file_id))
@@ -41,7 +42,9 @@ def checked_batch(svc: Services, store: BatchStore, raw: bytes) -> dict[str, Any
         raise bad_request("the input file is not JSONL: no line is a JSON object", "input_file_id")
     for model in found.models:
         served = svc.models.get(model) if model is not None else svc.default_model()
-        if model is not None and model not in svc.configured and served is None:
+        name = model if model is not None else served.name if served is not None else None
+        refused = allowed is not None and name is not None and name not in allowed
+        if refused or (model is not None and model not in svc.configured and served is None):
             raise bad_request(
                 f"the input file names model '{model}', which this server does not serve", "input_file_id"
             )
@@ -69,9 +72,9 @@ def checked_batch(svc: Services, store: BatchStore, raw: bytes) -> dict[str, Any
     }
 
 
-def created(svc: Services, store: BatchStore, raw: bytes) -> dict[str, Any]:
-    record = checked_batch(svc, store, raw)
-    store.add_batch(record)
+def created(svc: Services, store: BatchStore, raw: bytes, whose: Owner, allowed: Allowed) -> dict[str, Any]:
+    record = checked_batch(svc, store, raw, whose, allowed)
+    store.add_batch(record, whose)
     return record
 
 
@@ -80,7 +83,9 @@ async def create_batch(request: Request) -> JSONResponse:
     svc = services(request)
     batches = runner(request)
     raw = await read_body(request, svc)
-    record = await in_store(request, created, svc, batches.store, raw)
+    tenant = getattr(request.state, "tenant", None)
+    allowed = tenant.models if tenant is not None else None
+    record = await in_store(request, created, svc, batches.store, raw, owner(request), allowed)
     batches.wake()
     return JSONResponse(record)
 

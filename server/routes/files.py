@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from server.batches.runner import BatchRunner
+from server.batches.store import Owner
 from server.core.pipeline import read_body
 from server.core.services import services
 from server.http.errors import APIError, bad_request
@@ -38,9 +39,15 @@ async def in_store(request: Request, fn: Any, *args: Any) -> Any:
         raise APIError(503, f"the batch folder is not usable: {exc}", code="batch_dir_unusable") from None
 
 
+def owner(request: Request) -> Owner:
+    """The request's tenant, whose files and batches alone it sees (another's are 404s)."""
+    tenant = getattr(request.state, "tenant", None)
+    return Owner(tenant.name if tenant is not None else None)
+
+
 async def found(request: Request, lookup: Any, key: str, what: str) -> dict[str, Any]:
-    """A file's or a batch's record from the store, or OpenAI's 404 naming it."""
-    record = await in_store(request, lookup, key)
+    """The request's tenant's file or batch record from the store, or OpenAI's 404 naming it."""
+    record = await in_store(request, lookup, key, owner(request))
     if record is None:
         raise APIError(404, f"no {what} '{key}'", param=f"{what}_id", code=f"{what}_not_found")
     return dict(record)
@@ -82,7 +89,7 @@ async def create_file(request: Request) -> JSONResponse:
     body = await read_body(request, svc)
     limit = svc.settings.batch_max_file_bytes
     filename, data = await svc.off_loop(check_upload, request.headers.get("content-type", ""), body, limit)
-    return JSONResponse(await in_store(request, batches.store.add_file, filename[:256], "batch", data))
+    return JSONResponse(await in_store(request, batches.store.add_file, filename[:256], "batch", data, owner(request)))
 
 
 async def _file(request: Request, file_id: str) -> dict[str, Any]:
@@ -113,13 +120,14 @@ async def list_files(request: Request, after: str | None = None, limit: int = LI
 
 
 async def listed(
-    request: Request, records: Callable[[str | None, int], list[dict[str, Any]]], after: str | None, limit: int
+    request: Request, records: Callable[[str | None, int, Owner], list[dict[str, Any]]], after: str | None, limit: int
 ) -> Response:
-    """OpenAI's cursor page of `records` (up to limit + 1: the one past the page says has_more),
-    read and rendered on the executor (a page may hold thousands)."""
+    """OpenAI's cursor page of the tenant's `records` (up to limit + 1: the one past the page says
+    has_more), read and rendered on the executor (a page may hold thousands)."""
+    whose = owner(request)
 
     def page() -> bytes:
-        found = records(after, limit)
+        found = records(after, limit, whose)
         data = found[:limit]
         first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
         return orjson.dumps(

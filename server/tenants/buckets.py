@@ -4,6 +4,7 @@ event loop, so no lock: a refusal is a few arithmetic operations, and no tenant 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -55,6 +56,7 @@ class Refusal:
     reason: str  # requests, tokens, concurrent: the rejections metric's label
     message: str
     headers: dict[str, str]
+    never: bool = False  # more than the bucket holds: no wait lets it through
 
 
 class TenantLimits:
@@ -92,7 +94,8 @@ class TenantLimits:
             return None
         limit = self.quota.tokens_per_minute
         if math.isinf(wait):
-            return self._refusal("tokens", f"this request's {tokens} tokens exceed {limit} tokens per minute", 60.0)
+            refusal = self._refusal("tokens", f"this request's {tokens} tokens exceed {limit} tokens per minute", 60.0)
+            return dataclasses.replace(refusal, never=True)
         return self._refusal("tokens", f"{tokens} tokens would exceed {limit} tokens per minute", wait)
 
     def _refusal(self, reason: str, message: str, wait: float) -> Refusal:

@@ -66,12 +66,25 @@ class TenantPass:
     limits: TenantLimits
 
     def charge(self, tokens: int, metrics: Metrics) -> None:
-        """The request's tokens against the tenant's tokens per minute, before the engine: 429 past it."""
+        """The request's tokens against the tenant's tokens per minute, before the engine: 429 past it
+        (`tokens_exceed_limit` for a request larger than a whole minute's tokens: waiting will not help)."""
         refusal = self.limits.charge(tokens)
         if refusal is not None:
             metrics.tenant_rejections.labels(tenant=self.name, reason=refusal.reason).inc()
-            raise APIError(429, refusal.message, code="rate_limit_exceeded", headers=refusal.headers)
+            code = "tokens_exceed_limit" if refusal.never else "rate_limit_exceeded"
+            raise APIError(429, refusal.message, code=code, headers=refusal.headers)
         metrics.tenant_tokens.labels(tenant=self.name).inc(tokens)
+
+
+def pass_for(keys: KeySource | None, tenant: str | None) -> TenantPass | None:
+    """A tenant's pass by its name, as its key would give it now (a Batch API job's lines run with
+    their creator's); None where no keys file limits it. LookupError: the tenant is no longer there."""
+    if keys is None or tenant is None:
+        return None
+    found = keys.ring.tenants.get(tenant)
+    if found is None:
+        raise LookupError(tenant)
+    return TenantPass(found.name, found.models, keys.limits[found.name])
 
 
 def shape_of(path: str) -> Shape:

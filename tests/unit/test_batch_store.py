@@ -11,13 +11,15 @@ import pytest
 
 from server.batches import lines
 from server.batches.states import StateError, moved
-from server.batches.store import BatchStore, Progress
+from server.batches.store import BatchStore, Owner, Progress
+
+NOBODY = Owner(None)  # a server without keys
 
 RETENTION_S = 3600.0
 
 
 def job(store: BatchStore, batch_id: str = "batch_1") -> str:
-    upload = store.add_file("in.jsonl", "batch", b"")
+    upload = store.add_file("in.jsonl", "batch", b"", NOBODY)
     now = int(time.time())
     record = {
         "id": batch_id,
@@ -26,7 +28,7 @@ def job(store: BatchStore, batch_id: str = "batch_1") -> str:
         "input_file_id": upload["id"],
         "request_counts": {"total": 4, "completed": 0, "failed": 0},
     }
-    store.add_batch(record)
+    store.add_batch(record, NOBODY)
     return batch_id
 
 
@@ -80,7 +82,7 @@ def test_a_move_stamps_its_time() -> None:
 
 def test_sweep_deletes_only_what_is_past_retention(tmp_path: Path) -> None:
     store = BatchStore(tmp_path, RETENTION_S)
-    kept = store.add_file("new.jsonl", "batch", b"x\n")
+    kept = store.add_file("new.jsonl", "batch", b"x\n", NOBODY)
     swept = store.sweep(time.time() + RETENTION_S + 1)
     assert swept == 1 and store.file(kept["id"]) is None and not store.file_path(kept["id"]).exists()
 
@@ -105,3 +107,23 @@ def test_scan_counts_lines_duplicates_and_models(tmp_path: Path) -> None:
     assert (found.total, found.duplicates, found.models, found.objects) == (3, {1}, {"m", None}, 2)
     group, offset = lines.read_group(source, 0, 2)
     assert len(group) == 2 and lines.read_group(source, offset, 5)[0] == [b"not json\n"]
+
+
+def test_a_folder_from_before_owners_opens_its_records_as_nobodys(tmp_path: Path) -> None:
+    """A batch folder written before records had owners: its records are a keyless server's."""
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "batches.sqlite3")
+    db.executescript(
+        "CREATE TABLE files (id TEXT PRIMARY KEY, record TEXT NOT NULL, created_at INTEGER NOT NULL);"
+        "CREATE TABLE batches (id TEXT PRIMARY KEY, record TEXT NOT NULL, created_at INTEGER NOT NULL,"
+        " in_offset INTEGER NOT NULL DEFAULT 0, next_line INTEGER NOT NULL DEFAULT 0,"
+        " out_offset INTEGER NOT NULL DEFAULT 0, err_offset INTEGER NOT NULL DEFAULT 0);"
+    )
+    db.execute("INSERT INTO files VALUES ('file-old', ?, 1)", (orjson.dumps({"id": "file-old"}),))
+    db.commit()
+    db.close()
+    store = BatchStore(tmp_path, retention_s=3600)
+    assert store.file("file-old", NOBODY) == {"id": "file-old"}
+    assert store.file("file-old", Owner("search")) is None
+    assert [f["id"] for f in store.files(None, 10, NOBODY)] == ["file-old"]
