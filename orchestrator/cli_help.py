@@ -74,6 +74,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "image_url_redirects",
     ),
     "batches": ("batch_dir", "batch_max_file_bytes", "batch_retention", "batch_concurrency"),
+    "result cache": ("cache_bytes", "cache_url", "cache_ttl", "cache_timeout"),
     "security": ("api_key", "api_key_file"),
     "logging and tracing": ("log_level", "log_format", "otlp_endpoint", "otlp_protocol", "otlp_service_name"),
 }
