@@ -28,6 +28,7 @@ from server.http.metrics import Metrics
 if TYPE_CHECKING:
     from server.core.services import ServedModel
 
+TIERS = ("local", "shared", "flight")  # where a hit came from (warmpool_cache_hits_total's label)
 Submit = Callable[[list[Tokens], Callable[[Outcome], Any] | None], Awaitable[Outcome]]
 
 
@@ -259,13 +260,21 @@ class ResultCache:
 
     def stats(self) -> dict[str, Any]:
         """The status page's and /health/startup's figures."""
+        registry = self._metrics.registry
+        hits = {t: int(registry.get_sample_value("warmpool_cache_hits_total", {"tier": t}) or 0) for t in TIERS}
         found: dict[str, Any] = {
             "enabled": True,
             "entries": len(self.lru),
             "bytes": self.lru.bytes,
             "bound_bytes": self.lru.bound,
+            "hits": hits,
+            "misses": int(registry.get_sample_value("warmpool_cache_misses_total") or 0),
             "evictions": self.lru.evictions,
         }
         if self.shared is not None:
             found["shared"] = self.shared.stats()
         return found
+
+
+def cache_stats(cache: ResultCache | None) -> dict[str, Any]:
+    return {"enabled": False} if cache is None else cache.stats()

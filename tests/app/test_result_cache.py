@@ -93,3 +93,14 @@ def test_concurrent_identical_inputs_cost_one_forward(server: InProcessServer) -
     assert len(answers) == clients and all(a == answers[0] for a in answers)
     assert sample(server, "warmpool_cache_misses_total") - before == 1
     assert sample(server, "warmpool_batch_size_sum", model="all-MiniLM-L6-v2") - forwards == 1
+
+
+def test_status_and_startup_show_the_cache(server: InProcessServer) -> None:
+    one = text()
+    embed(server, one)
+    embed(server, one)
+    status = server.get("/status").json()["cache"]
+    startup = server.get("/health/startup").json()["cache"]
+    for figures in (status, startup):
+        assert figures["enabled"] and figures["entries"] >= 1 and 0 < figures["bytes"] <= figures["bound_bytes"]
+        assert figures["hits"]["local"] >= 1 and figures["misses"] >= 1
