@@ -17,6 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
+
 import numpy as np
 
 from common.folderjson import ModelError
