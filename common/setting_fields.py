@@ -363,6 +363,29 @@ class SettingFields(BaseSettings):
         8, ge=1, le=256, description="Lines of a batch job run at once, at bulk priority (interactive requests first)."
     )
 
+    cache_bytes: str | None = Field(
+        None,
+        pattern=BUDGET_PATTERN,
+        description=(
+            "Bound of the exact result cache in this process (bytes with a `k`/`M`/`G`/`T` or `Ki`/`Mi`/`Gi`/`Ti` "
+            "suffix, or a share of `WARMPOOL_MEMORY_BUDGET` such as `5%`); counted in the memory budget; `0` turns "
+            "the cache off (see [Result cache](../operations/cache.md))."
+        ),
+        json_schema_extra={"default_text": "5% of `WARMPOOL_MEMORY_BUDGET`, or 64Mi without one"},
+    )
+    cache_url: str | None = Field(
+        None,
+        pattern=r"^(rediss?|unix)://",
+        description="Redis shared by a fleet behind the process's cache (`redis://host:6379/0`); unset: none.",
+    )
+    cache_ttl: float = Field(86400.0, gt=0, description="Seconds an entry lives in Redis.")
+    cache_timeout: float = Field(
+        0.005,
+        gt=0,
+        le=5,
+        description="Seconds a request waits for Redis at most (then it computes: a miss, never a failure).",
+    )
+
     api_key: SecretStr | None = Field(None, description="Bearer token required on API routes.")
     api_key_file: Path | None = Field(None, description="File holding the API key (a mounted secret).")
     api_keys_file: Path | None = Field(

@@ -172,6 +172,21 @@ def budget_bytes(text: str, limit: int | None) -> int:
     return int(float(number) * (1024 if binary else 1000) ** power)
 
 
+DEFAULT_CACHE_BYTES = 64 * 1024**2
+DEFAULT_CACHE_SHARE = 0.05  # of the memory budget, where there is one
+
+
+def cache_bound(text: str | None, budget: int | None) -> int:
+    """WARMPOOL_CACHE_BYTES in bytes: a share (`5%`) is of the memory budget (ValueError without one);
+    unset: DEFAULT_CACHE_SHARE of the budget, or DEFAULT_CACHE_BYTES without one."""
+    if text is None:
+        return int(budget * DEFAULT_CACHE_SHARE) if budget is not None else DEFAULT_CACHE_BYTES
+    try:
+        return budget_bytes(text, budget)
+    except ValueError:
+        raise ValueError(f"WARMPOOL_CACHE_BYTES {text!r}: a share, but WARMPOOL_MEMORY_BUDGET is not set") from None
+
+
 class ApiKeyError(ValueError):
     """An API key is configured but unusable."""
 

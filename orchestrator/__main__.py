@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from common.devices import DeviceError
-from common.settings import ApiKeyError, Settings, budget_bytes
+from common.settings import ApiKeyError, Settings, budget_bytes, cache_bound
 from common.startup import StartupState
 from orchestrator import platforms
 
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         budget = _budget(settings)
+        cache_bytes = cache_bound(settings.cache_bytes, budget)  # the result cache's share of the budget
     except ValueError as exc:
         print(f"warmpool: {exc}", file=sys.stderr)
         return 2
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from orchestrator.lifecycle import run_server  # fastapi, uvicorn, server.*: imported while probes answer
 
-    return run_server(settings, models, startup, sock, early, method, budget)
+    models_budget = None if budget is None else max(budget - cache_bytes, 0)
+    return run_server(settings, models, startup, sock, early, method, models_budget, cache_bytes)
 
 
 def _budget(settings: Settings) -> int | None:

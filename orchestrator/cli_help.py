@@ -75,6 +75,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "batches": ("batch_dir", "batch_max_file_bytes", "batch_retention", "batch_concurrency"),
     "security": ("api_key", "api_key_file", "api_keys_file", "api_keys_reload_interval"),
+    "result cache": ("cache_bytes", "cache_url", "cache_ttl", "cache_timeout"),
     "logging and tracing": ("log_level", "log_format", "otlp_endpoint", "otlp_protocol", "otlp_service_name"),
 }
 

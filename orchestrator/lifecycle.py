@@ -308,10 +308,18 @@ def run_server(
     early: EarlyResponder,
     method: StartMethod,
     budget: int | None = None,
+    cache_bytes: int | None = None,
 ) -> int:
-    """Serve on the bound socket until drained or failed; the exit code for the process."""
+    """Serve on the bound socket until drained or failed; the exit code for the process. `budget`: what
+    the models may hold, the result cache's `cache_bytes` taken out of WARMPOOL_MEMORY_BUDGET already."""
     executor = ThreadPoolExecutor(settings.executor_threads, thread_name_prefix="warmpool-exec")
-    svc = Services(settings=settings, startup=startup, executor=executor, tracing=tracing.configure(settings))
+    svc = Services(
+        settings=settings,
+        startup=startup,
+        executor=executor,
+        tracing=tracing.configure(settings),
+        cache_bytes=cache_bytes,
+    )
     if svc.tracing is not None:
         svc.tracing.watch_startup(startup)
     svc.configured = [m.model_name for m in models]

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from common.wire import Tokens
+from server.core.cached_run import FlightTimeout, Lookup, ResultCache
 from server.core.engine_client import EngineFailed, EngineUnavailable, Outcome
 from server.core.inputs import ModelStarting, RequestContext, overloaded
 from server.core.outputs import RawBody
@@ -42,6 +43,7 @@ class Prepared(Generic[B, S]):
     body: B
     tokens: list[Tokens]
     state: S = None  # type: ignore[assignment]
+    cached: Lookup | None = None  # its inputs' keys and what the result cache held for them (cache on)
 
     @property
     def n_tokens(self) -> int:
@@ -128,9 +130,12 @@ def checked_priority(value: Any, where: str) -> int:
     return value
 
 
-def at_priority(prepare: Prepare, raw: bytes, ctx: RequestContext) -> Prepared[Any, Any]:
+def at_priority(
+    prepare: Prepare, raw: bytes, ctx: RequestContext, cache: ResultCache | None = None
+) -> Prepared[Any, Any]:
     """prepare, with the request's priority known before it takes its permits: the body's
-    `priority` (parsed again only where the body names one) over the header's; its inputs carry it and its adapter."""
+    `priority` (parsed again only where the body names one) over the header's; its inputs carry it and its adapter;
+    with the result cache on, their keys and the LRU's answers looked up here, on the executor."""
     if b'"priority"' in raw:
         try:
             data = orjson.loads(raw)
@@ -145,6 +150,8 @@ def at_priority(prepare: Prepare, raw: bytes, ctx: RequestContext) -> Prepared[A
     prepared = prepare(raw, ctx)
     if ctx.priority or ctx.adapter:  # a LoRA adapter's inputs name it: the engine adds its updates to their rows
         prepared.tokens = [t._replace(priority=ctx.priority, adapter=ctx.adapter) for t in prepared.tokens]
+    if cache is not None and prepared.tokens:
+        prepared.cached = cache.lookup(ctx.model, prepared.tokens)
     return prepared
 
 
@@ -219,27 +226,54 @@ async def respond(
     with admitted(svc, shape, priority) as ctx:
         traced["model"] = ctx.model_name
         ctx.allowed = tenant.models if tenant is not None else None
+        staged = functools.partial(at_priority, prepare, cache=svc.cache)
         try:
-            prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
+            prepared = await prepare_in_time(svc, staged, raw, ctx, gone, deadline)
         except ModelStarting as starting:
             if not await _woken(svc, ctx, starting):  # a model on demand: its load awaited
                 if not svc.holding():
                     raise
                 await svc.until_booted()  # its permit held meanwhile: held requests count as admitted
-            prepared = await prepare_in_time(svc, functools.partial(at_priority, prepare), raw, ctx, gone, deadline)
+            prepared = await prepare_in_time(svc, staged, raw, ctx, gone, deadline)
         if tenant is not None:
             ctx.check_allowed(ctx.model_name)  # the model it was given without naming one
             tenant.charge(prepared.n_tokens, svc.metrics)
         timings.submitted = time.perf_counter()
         timings.tokenization_ms = (timings.submitted - (timings.arrived or timings.started)) * 1000
         if prepared.tokens:
-            outcome = await run_on_engine(
-                svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx), deadline
-            )
+            outcome = await run_cached(svc, ctx, prepared, render, timings, gone, deadline)
         else:  # answered without the engine (an inference-free sparse model's queries)
             outcome = Outcome(np.empty((0, 0), dtype=np.float32), 0.0, 0.0)
             outcome.rendered = await svc.off_loop(render, prepared, outcome, ctx)
     return prepared, outcome, ctx
+
+
+async def run_cached(
+    svc: Services,
+    ctx: RequestContext,
+    prepared: Prepared[Any, Any],
+    render: Render,
+    timings: Timings,
+    gone: asyncio.Future[Any],
+    deadline: float,
+) -> Outcome:
+    """The prepared inputs run (run_on_engine) and rendered; with the result cache on, only those it
+    cannot answer (server/core/cached_run.py), `timings.cache` saying how it answered."""
+
+    def then(out: Outcome) -> Any:
+        return render(prepared, out, ctx)
+
+    def submit(tokens: list[Tokens], then: Callable[[Outcome], Any] | None) -> Awaitable[Outcome]:
+        return run_on_engine(svc, ctx.model, tokens, timings, gone, then, deadline)
+
+    if svc.cache is None or prepared.cached is None:
+        return await submit(prepared.tokens, then)
+    try:
+        outcome, timings.cache = await svc.cache.run(prepared.cached, prepared.tokens, submit, then, deadline)
+    except FlightTimeout:
+        raise svc.unavailable("timed out waiting for the engine") from None
+    svc.last_used[ctx.model.name] = time.time()  # a hit is a use of the model too
+    return outcome
 
 
 async def prepare_in_time(

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 from fastapi import Request
 
 from common.modelfolder import ModelFolder
-from common.settings import Settings
+from common.settings import Settings, cache_bound
 from common.startup import StartupState
 from server.core.admission import Admission
+from server.core.cached_run import ResultCache
 from server.core.engine_client import BatchStats, EngineClient
 from server.http.errors import APIError
 from server.http.metrics import Metrics
@@ -93,8 +94,11 @@ class Services:
     loader: ModelLoader | None = None  # set by the orchestrator: models on demand
     last_used: dict[str, float] = field(default_factory=dict)  # model -> time.time() of its last answer
     batches: BatchRunner | None = None  # the Batch API's jobs (server/http/app.py makes it)
+    # the result cache's bound, out of the memory budget (the orchestrator's); None: WARMPOOL_CACHE_BYTES alone
+    cache_bytes: int | None = None
     admission: Admission = field(init=False)
     metrics: Metrics = field(init=False)
+    cache: ResultCache | None = field(init=False)  # None: WARMPOOL_CACHE_BYTES=0
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.settings.admission_permits, self.settings.priority_reserve)
@@ -103,6 +107,8 @@ class Services:
             lambda: self.admission.used + sum(m.admission.used for m in self.models.values() if m.admission)
         )
         self.metrics.queue_depth.set_function(lambda: sum(m.engine.queued_inputs for m in self.models.values()))
+        bound = self.cache_bytes if self.cache_bytes is not None else cache_bound(self.settings.cache_bytes, None)
+        self.cache = ResultCache(self.settings, bound, self.metrics, self.executor) if bound > 0 else None
 
     def end_body_reads(self) -> int:
         """Cancel every body read still waiting for bytes; each answers 503 (pipeline.read_body)."""

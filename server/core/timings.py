@@ -18,6 +18,7 @@ class Timings:
     arrived: float | None = None  # the body read
     submitted: float | None = None  # prepared: sent to the engine
     answered: float | None = None  # rendered
+    cache: str | None = None  # how the result cache answered: hit, miss or partial (None: the cache is off)
 
     def stages(self) -> list[tuple[str, int, int]]:
         """(name, start, end) in ns since the epoch, for the stages the request went through."""
@@ -46,4 +47,4 @@ class Timings:
             "x-tokenization-time": f"{self.tokenization_ms:.0f}",
             "x-queue-time": f"{self.queue_ms:.0f}",
             "x-inference-time": f"{self.inference_ms:.0f}",
-        }
+        } | ({"x-cache": self.cache} if self.cache else {})

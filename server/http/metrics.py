@@ -185,5 +185,32 @@ class Metrics:
             registry=registry,
         )
 
+        # the exact result cache (server/core/cached_run.py)
+        self.cache_hits = Counter(
+            "warmpool_cache_hits_total",
+            "Inputs answered without a forward of their own: from the process's LRU (local), from Redis (shared),"
+            " or by another request's forward of the same input, or by one earlier in the same request (flight)",
+            ["tier"],
+            registry=registry,
+        )
+        self.cache_misses = Counter(
+            "warmpool_cache_misses_total", "Distinct inputs the engine ran, the cache on", registry=registry
+        )
+        self.cache_evictions = Counter(
+            "warmpool_cache_evictions_total",
+            "Entries the LRU dropped to stay within WARMPOOL_CACHE_BYTES",
+            registry=registry,
+        )
+        self.cache_bytes = Gauge("warmpool_cache_bytes", "Bytes the process's result cache holds", registry=registry)
+        self.cache_entries = Gauge(
+            "warmpool_cache_entries", "Entries the process's result cache holds", registry=registry
+        )
+        self.cache_shared_errors = Counter(
+            "warmpool_cache_shared_errors_total",
+            "Redis calls that failed or timed out (each a miss or a dropped write, never a failed request)",
+            ["op"],
+            registry=registry,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from server.core.cached_run import cache_stats
 from server.core.services import services
 
 router = APIRouter(tags=["health"])
@@ -20,7 +21,7 @@ async def live() -> JSONResponse:
 async def startup(request: Request) -> JSONResponse:
     """503 while starting or failed, 200 once ready; always the phase table."""
     svc = services(request)
-    body = {**svc.startup.snapshot(), "in_flight": svc.in_flight - 1}  # less this probe
+    body = {**svc.startup.snapshot(), "in_flight": svc.in_flight - 1, "cache": cache_stats(svc.cache)}
     return JSONResponse(body, status_code=200 if svc.startup.started else 503)
 
 

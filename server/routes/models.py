@@ -43,6 +43,8 @@ def model_list(request: Request, owner: str) -> dict[str, object]:
         model = svc.models.get(name)
         queued = model.engine.queued_inputs if model else 0
         stats = {"queue_absolute": queued, "batch_size": svc.settings.max_batch_size}
+        if svc.cache is not None:  # the process's result cache, shared by its models: in its memory too
+            stats["cache_bytes"] = svc.cache.lru.bytes
         card |= {"backend": "warmpool", "stats": stats}
         if svc.loader is not None and name in svc.configured:  # state, resident, memory_bytes, last_used
             card |= svc.loader.describe(name)

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client.metrics import MetricWrapperBase
 
+from server.core.cached_run import cache_stats
 from server.core.services import Services, services
 
 router = APIRouter(tags=["status"])
@@ -83,6 +84,7 @@ def live_status(svc: Services) -> dict[str, Any]:
         "queue_depth": _value(metrics.queue_depth),
         "inputs_in_flight": _value(metrics.in_flight),
         "keys": svc.keys.detail() if svc.keys is not None else None,  # the keys file: tenants, its last error
+        "cache": cache_stats(svc.cache),
     }
 
 

@@ -1,0 +1,112 @@
+"""The exact result cache: what it buys on a corpus with repeats, what it costs on one without, a
+hit's latency against a miss, and the HTTP process's RSS after many distinct inputs, bounded.
+
+Two servers on the same model, cache off (WARMPOOL_CACHE_BYTES=0, the baseline) and on, measured
+in the same run: a corpus where 35 % of the rows repeat earlier ones and one with none, each at
+`--clients` clients (one input a request), as inputs/s and p99, the ratio on/off; then at 1 client
+a hit's latency against a miss's (distinct inputs, then the same ones again); then `--distinct`
+inputs through a cache bounded at `--bound`, the HTTP process's RSS before and after. Prints; never
+asserts.
+Usage: .venv/bin/python -m bench.cache [--rows 2000] [--clients 32] [--distinct 20000] [--bound 16Mi]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import MODEL, Connection, pct, run, sentences
+from tests.server_process import ServerProcess
+
+
+def corpus(rows: int, repeated: float, seed: int) -> list[str]:
+    """`rows` sentences, `repeated` of them copies of earlier rows (shuffled in), the rest distinct."""
+    rng = random.Random(seed)
+    distinct = sentences(rows - int(rows * repeated), seed=seed)
+    texts = distinct + [rng.choice(distinct) for _ in range(rows - len(distinct))]
+    rng.shuffle(texts)
+    return texts
+
+
+async def drive(port: int, texts: list[str], clients: int) -> tuple[float, list[float]]:
+    """Every text as one request, `clients` at a time: inputs/s and each request's latency (ms)."""
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for t in texts:
+        queue.put_nowait(t)
+    latencies: list[float] = []
+
+    async def client() -> None:
+        conn = Connection(port)
+        while not queue.empty():
+            text = queue.get_nowait()
+            started = time.perf_counter()
+            status, _, _ = await conn.post("/v1/embeddings", {"input": text})
+            assert status == 200, status
+            latencies.append((time.perf_counter() - started) * 1000)
+        conn.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return len(texts) / (time.perf_counter() - started), latencies
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--distinct", type=int, default=20000)
+    parser.add_argument("--bound", default="16Mi")
+    parser.add_argument("--model", type=Path, default=MODEL)
+    args = parser.parse_args()
+    logs = Path(tempfile.mkdtemp(prefix="bench-cache-"))
+    servers = {
+        "off": ServerProcess(args.model, logs / "off.log", cache_bytes="0"),
+        "on": ServerProcess(args.model, logs / "on.log", cache_bytes=args.bound),
+    }
+    try:
+        for server in servers.values():
+            server.wait_ready()
+        corpora = {"35% repeated": corpus(args.rows, 0.35, 1), "no repeats": corpus(args.rows, 0.0, 2)}
+        print(f"{args.rows} rows, {args.clients} clients, one input a request: inputs/s, p99 ms")
+        for label, texts in corpora.items():
+            got = {}
+            for mode, server in servers.items():
+                rate, latencies = run(drive(server.port, texts, args.clients))
+                got[mode] = rate
+                print(f"  {label:>13}, cache {mode:>3}: {rate:8.1f}/s  p99 {pct(latencies, 0.99):7.1f}")
+            print(f"  {label:>13}: on/off {got['on'] / got['off']:.2f}x")
+        on = servers["on"]
+        fresh = sentences(200, seed=3)
+        _, misses = run(drive(on.port, fresh, 1))
+        _, hits = run(drive(on.port, fresh, 1))
+        print(
+            f"1 client: miss median {statistics.median(misses):.2f} ms, hit median {statistics.median(hits):.2f} ms"
+            f" (a hit {statistics.median(misses) / statistics.median(hits):.1f}x faster)"
+        )
+        before = rss_mb(on.proc.pid)
+        run(drive(on.port, [f"{t} {i}" for i, t in enumerate(sentences(args.distinct, seed=4))], args.clients))
+        cache = on.get("/status").json()["cache"]
+        print(
+            f"{args.distinct} distinct inputs, bound {args.bound}: HTTP process RSS {before:.0f} -> "
+            f"{rss_mb(on.proc.pid):.0f} MB; cache {cache['bytes'] / 2**20:.1f} MiB, {cache['entries']} entries,"
+            f" {cache['evictions']} evictions"
+        )
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

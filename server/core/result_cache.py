@@ -1,0 +1,166 @@
+"""The exact result cache's pieces: what an input's engine answer is keyed by, the answer's compact
+binary form (the same bytes in this process and in Redis), and the process-local LRU bounded by bytes.
+
+What is cached is the engine's answer for one input (a pooled row, token rows, or bge-m3's dict of
+arrays), not a response: everything a request does after the engine (normalisation, dimensions,
+encodings, chunk pooling, the surface's shape) runs on a hit as on a miss. So the key holds what
+decides the engine's bits: the model's files, its precision, device and engine mode, and the input as
+the engine receives it (`common.wire.Tokens`: token ids after the prompt and truncation, token types,
+head, masked keys, bge-m3's outputs, an image's pixels, the LoRA adapter); never its priority.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from common.folderjson import ModelError
+from common.modelfiles import files_to_load
+from common.wire import Tokens
+
+FORMAT_VERSION = 1  # of the value's bytes and of the key's recipe: a change makes every old entry a miss
+ENTRY_OVERHEAD = 120  # bytes an LRU entry costs beside its key and value (dict slot, bytes headers)
+SAMPLE_BYTES = 1 << 20  # of each file, its first and last MiB are hashed: a content digest at a few ms a model
+
+Value = np.ndarray | dict[str, np.ndarray]  # one input's engine answer
+
+
+class CacheFormatError(ValueError):
+    """Bytes that are not a value of this format version (another version's, or damaged)."""
+
+
+def model_digest(folder: Path, precision: str, device: str, mode: str, adapters: Iterable[tuple[str, Path]]) -> str:
+    """What decides a model's answers beside the input: its files' names, sizes and sampled contents
+    (the same on every replica that holds the same files, whatever their mtimes), its adapters' files,
+    the precision, the device and the engine mode (a compiled forward's bits may differ from eager's)."""
+    h = hashlib.blake2b(f"v{FORMAT_VERSION}|{precision}|{device}|{mode}".encode(), digest_size=16)
+    try:
+        files = [(f"model/{f.relative_to(folder)}", f) for f in files_to_load(folder)]
+    except (ModelError, OSError, ValueError):
+        files = []
+    for name, adapter in adapters:
+        files += [(f"adapter:{name}/{f.name}", f) for f in sorted(adapter.glob("*")) if f.is_file()]
+    for label, path in files:
+        h.update(label.encode() + b"\0")
+        try:
+            with path.open("rb") as fh:
+                size = fh.seek(0, 2)
+                fh.seek(0)
+                h.update(struct.pack("<Q", size) + fh.read(SAMPLE_BYTES))
+                if size > SAMPLE_BYTES:
+                    fh.seek(max(size - SAMPLE_BYTES, SAMPLE_BYTES))
+                    h.update(fh.read(SAMPLE_BYTES))
+        except OSError:
+            h.update(b"unreadable")
+    return h.hexdigest()
+
+
+def input_key(digest: str, t: Tokens) -> bytes:
+    """An input's key: the model's digest and every field of its Tokens that changes the engine's answer."""
+    h = hashlib.blake2b(digest.encode(), digest_size=20)
+    h.update(f"|{t.head}|{t.keys}|{','.join(t.outputs)}|{t.adapter}|".encode())
+    h.update(np.asarray(t.input_ids, dtype=np.int64).tobytes())
+    if t.token_type_ids is not None:
+        h.update(b"|types|" + np.asarray(t.token_type_ids, dtype=np.int64).tobytes())
+    if t.pixels is not None:
+        pixels = np.ascontiguousarray(t.pixels)
+        h.update(f"|pixels|{pixels.dtype.str}|{pixels.shape}|".encode() + pixels.tobytes())
+    return h.digest()
+
+
+# header: format version, number of arrays (0: one bare array, else a dict's entries)
+_HEAD = struct.Struct("<BB")
+# per array: name length, dtype string length, ndim
+_ARRAY = struct.Struct("<BBB")
+
+
+def encode(value: Value) -> bytes:
+    """A value as bytes: a small header (format version, entries), then per array its name, dtype,
+    shape and raw bytes."""
+    arrays = [("", value)] if isinstance(value, np.ndarray) else sorted(value.items())
+    parts = [_HEAD.pack(FORMAT_VERSION, 0 if isinstance(value, np.ndarray) else len(arrays))]
+    for name, array in arrays:
+        array = np.ascontiguousarray(array)
+        label, dtype = name.encode(), array.dtype.str.encode()
+        parts.append(_ARRAY.pack(len(label), len(dtype), array.ndim) + label + dtype)
+        parts.append(struct.pack(f"<{array.ndim}Q", *array.shape))
+        parts.append(array.tobytes())
+    return b"".join(parts)
+
+
+def decode(data: bytes) -> Value:
+    """encode's inverse; CacheFormatError for bytes of another version or cut short. Arrays are copies
+    (writable: rendering may work on them in place)."""
+    try:
+        version, count = _HEAD.unpack_from(data, 0)
+        if version != FORMAT_VERSION:
+            raise CacheFormatError(f"cache value of format {version}, not {FORMAT_VERSION}")
+        at = _HEAD.size
+        arrays: dict[str, np.ndarray] = {}
+        for _ in range(max(count, 1)):
+            name_len, dtype_len, ndim = _ARRAY.unpack_from(data, at)
+            at += _ARRAY.size
+            name = data[at : at + name_len].decode()
+            dtype = np.dtype(data[at + name_len : at + name_len + dtype_len].decode())
+            at += name_len + dtype_len
+            shape = struct.unpack_from(f"<{ndim}Q", data, at)
+            at += 8 * ndim
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if at + size > len(data):
+                raise CacheFormatError("cache value cut short")
+            flat = np.frombuffer(data, dtype=dtype, count=size // dtype.itemsize, offset=at)
+            arrays[name] = flat.reshape(shape).copy()
+            at += size
+    except (struct.error, UnicodeDecodeError, TypeError, ValueError) as exc:
+        if isinstance(exc, CacheFormatError):
+            raise
+        raise CacheFormatError(f"not a cache value: {exc}") from None
+    return arrays[""] if count == 0 else arrays
+
+
+class LocalLRU:
+    """Encoded values by key, least recently used first out, within `bound` bytes (keys, values and
+    ENTRY_OVERHEAD each). Thread-safe: looked up and filled on the executor."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.bytes = 0
+        self.evictions = 0
+        self._entries: OrderedDict[bytes, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @staticmethod
+    def cost(key: bytes, value: bytes) -> int:
+        return len(key) + len(value) + ENTRY_OVERHEAD
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Store (a value larger than the whole bound is not kept); the oldest go until it fits."""
+        cost = self.cost(key, value)
+        if cost > self.bound:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= self.cost(key, old)
+            self._entries[key] = value
+            self.bytes += cost
+            while self.bytes > self.bound:
+                gone_key, gone = self._entries.popitem(last=False)
+                self.bytes -= self.cost(gone_key, gone)
+                self.evictions += 1
