@@ -149,7 +149,7 @@ class ApiKeyGuard:
 
     def __init__(self, app: ASGIApp, key: str, probes: tuple[str, ...] = ()) -> None:
         self.app = app
-        self.expected = f"Bearer {key}".encode()
+        self.key = key
         self.probes = probes  # platforms' health checks carry no key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -157,12 +157,18 @@ class ApiKeyGuard:
             await self.app(scope, receive, send)
             return
         given = (_header(scope, b"authorization", limit=None) or "").encode("latin-1")
-        if hmac.compare_digest(given, self.expected):
+        if authorized(given, self.key):
             await self.app(scope, receive, send)
             return
         response = error_response(APIError(401, "missing or invalid API key", code="invalid_api_key"))
         response.headers["www-authenticate"] = "Bearer"
         await response(scope, receive, send)
+
+
+def authorized(authorization: bytes, key: str) -> bool:
+    """The one credential check of every surface (HTTP's ApiKeyGuard, gRPC's `authorization`
+    metadata): the request's authorization value against `Bearer <key>`, in constant time."""
+    return hmac.compare_digest(authorization, f"Bearer {key}".encode())
 
 
 def _is_open(path: str, method: str, probes: tuple[str, ...] = ()) -> bool:
