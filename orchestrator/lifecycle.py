@@ -255,8 +255,8 @@ class LifecycleServer(uvicorn.Server):
         log.info("draining", in_flight=svc.in_flight, timeout_s=svc.settings.drain_timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + svc.settings.drain_timeout
-        # gRPC: NOT_SERVING and no new calls at once; its calls in flight count in svc.in_flight
-        grpc_stopped = asyncio.ensure_future(self.grpc.stop(svc.settings.drain_timeout)) if self.grpc else None
+        if self.grpc is not None:  # NOT_SERVING at once; its calls in flight count in svc.in_flight
+            await self.grpc.draining()
         while svc.in_flight > 0 and loop.time() < deadline:
             await asyncio.sleep(0.02)
         if svc.in_flight:
@@ -265,8 +265,8 @@ class LifecycleServer(uvicorn.Server):
             ended = loop.time() + 1.0
             while svc.body_reads and loop.time() < ended:
                 await asyncio.sleep(0.01)
-        if grpc_stopped is not None:
-            await grpc_stopped  # within the drain timeout: past it, its calls were cancelled
+        if self.grpc is not None:
+            await self.grpc.stop(0)  # what is left are health watches, or calls past the drain timeout
         await self.shutdown_engines()  # what is still waiting for an engine is answered 503
         log.info("drained")
         self.should_exit = True

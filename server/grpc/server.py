@@ -1,6 +1,7 @@
 """The gRPC server on WARMPOOL_GRPC_PORT: grpc.aio on the HTTP server's own event loop (started by
-LifecycleServer.startup, stopped by its drain), TEI's services, gRPC health (SERVING while the
-appliance is ready, as /health/ready answers) and reflection."""
+LifecycleServer.startup; the drain turns health NOT_SERVING at once and closes the port once the calls
+in flight are answered), TEI's services, gRPC health (SERVING while /health/ready would answer 200)
+and reflection."""
 
 from __future__ import annotations
 
@@ -65,10 +66,15 @@ class GrpcServer:
         for name in ("", *self.names):
             await self.health.set(name, status)
 
-    async def stop(self, grace_s: float) -> None:
-        """NOT_SERVING at once and no new calls; calls in flight get `grace_s`, then are cancelled."""
+    async def draining(self) -> None:
+        """NOT_SERVING from now on; new calls are answered UNAVAILABLE by the pipeline, as HTTP's 503."""
         if self._watcher is not None:
             self._watcher.cancel()
-        await self._set(False)
+        await self.health.enter_graceful_shutdown()
+
+    async def stop(self, grace_s: float) -> None:
+        """The port closed; calls still in flight (health watches among them: they never end by
+        themselves) are cancelled after `grace_s`."""
+        await self.draining()
         await self.server.stop(grace_s)
         log.info("grpc_stopped")

@@ -5,12 +5,8 @@ key is checked from the `authorization` metadata; health and reflection answer."
 
 from __future__ import annotations
 
-import importlib
-import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import grpc
@@ -22,30 +18,18 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tests.app.inprocess import InProcessServer, serving
 from tests.conftest import API_KEY
 from tests.server_process import free_port
+from tests.tei_grpc import tei_stubs
 from tests.tiny_models import build_splade
 
-PROTO = Path(__file__).resolve().parents[2] / "server" / "grpc" / "proto" / "tei.proto"
 TEXTS = ["Hello world, the warm pool model", "a", "naïve café 🙂", "the fourth text", "and a fifth"]
 KEY = [("authorization", f"Bearer {API_KEY}")]
 TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def tei(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
-    """TEI's tei_pb2 and tei_pb2_grpc, made by protoc from the vendored proto (TEI's, verbatim)."""
-    from grpc_tools import protoc
-
-    out = tmp_path_factory.mktemp("tei_stubs")
-    shutil.copy(PROTO, out / "tei.proto")
-    assert protoc.main(["protoc", f"-I{out}", f"--python_out={out}", f"--grpc_python_out={out}", "tei.proto"]) == 0
-    sys.path.insert(0, str(out))
-    try:
-        stubs = ModuleType("tei")
-        stubs.pb = importlib.import_module("tei_pb2")  # type: ignore[attr-defined]
-        stubs.rpc = importlib.import_module("tei_pb2_grpc")  # type: ignore[attr-defined]
+def tei(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with tei_stubs(tmp_path_factory.mktemp("tei_stubs")) as stubs:
         yield stubs
-    finally:
-        sys.path.remove(str(out))
 
 
 @pytest.fixture(scope="module")
