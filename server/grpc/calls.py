@@ -21,6 +21,7 @@ from server.core.pipeline import Prepare, Prepared, Render
 from server.grpc.messages import message
 from server.protocols.tei import DecodeRequest, TEITokenizeRequest
 from server.routes import score, sparse, tei, tokenize
+from server.tokenizing.tokenizer import Direction
 
 Body = dict[str, Any]
 
@@ -36,7 +37,7 @@ Prediction = message("Prediction")
 Rank = message("Rank")
 SimpleToken = message("SimpleToken")
 
-DIRECTIONS = ("right", "left")  # TEI's TruncationDirection enum, by value
+DIRECTIONS: tuple[Direction, Direction] = ("right", "left")  # TEI's TruncationDirection enum, by value
 
 
 class InvalidRequest(Exception):
@@ -63,7 +64,7 @@ def _submessage(field: int, payload: bytes) -> bytes:
     return _varint(field << 3 | 2) + _varint(len(payload)) + payload
 
 
-def direction(value: int) -> str:
+def direction(value: int) -> Direction:
     return DIRECTIONS[value] if 0 <= value < len(DIRECTIONS) else "right"
 
 
