@@ -148,7 +148,13 @@ class LifecycleServer(uvicorn.Server):
         if self.services.settings.grpc_port is not None:
             from server.grpc.server import GrpcServer  # grpcio is imported only when the port is set
 
-            self.grpc = GrpcServer(self.services)
+            try:
+                self.grpc = GrpcServer(self.services)
+            except RuntimeError as exc:  # its port is taken: the start fails as a taken HTTP port fails it
+                reason = f"cannot listen for gRPC on port {self.services.settings.grpc_port}: {exc}"
+                self.services.startup.fail("bind", reason)
+                self._spawn(self.fail(reason))
+                return
             await self.grpc.start()
         self.pool = ModelPool(self, self.models, self.budget)
         self.services.loader = self.pool

@@ -4,6 +4,7 @@ server and stopped by its drain (health NOT_SERVING, then the port closed, withi
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 
 import grpc
@@ -31,3 +32,18 @@ def test_grpc_serves_on_the_servers_loop_then_drains(model_dir: Path, tmp_path: 
         assert server.proc.wait(TIMEOUT_S) == 0
     finally:
         server.stop()
+
+
+def test_a_taken_grpc_port_fails_the_start(model_dir: Path, tmp_path: Path) -> None:
+    """The bind phase fails with the reason, then the process exits 1: never a server without the API asked for."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = ServerProcess(model_dir, tmp_path / "server.log", grpc_port=port, fail_linger=0.5)
+        try:
+            (failed,) = server.wait_failed()
+            assert failed["name"] == "bind" and f"gRPC on port {port}" in failed["detail"]["error"]
+            assert server.proc.wait(TIMEOUT_S) == 1
+        finally:
+            server.stop()

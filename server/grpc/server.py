@@ -32,6 +32,7 @@ class GrpcServer:
         limits = [
             ("grpc.max_receive_message_length", settings.max_body_bytes),  # HTTP's body limit
             ("grpc.max_send_message_length", settings.max_response_bytes),
+            ("grpc.so_reuseport", 0),  # a port another server holds fails the start, never shared silently
         ]
         self.server = aio.server(options=limits)
         self.server.add_generic_rpc_handlers(TeiServices(svc).handlers())

@@ -168,6 +168,13 @@ def test_a_failed_stream_message_ends_the_stream_with_its_status(embedder: InPro
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_a_bad_priority_metadata_is_invalid_argument(embedder: InProcessServer, tei: Any) -> None:
+    metadata = [*KEY, ("x-priority", "soon")]
+    with channel(embedder) as ch:
+        error = failed(tei.rpc.EmbedStub(ch).Embed, tei.pb.EmbedRequest(inputs="hi"), metadata=metadata)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+
+
 def test_without_the_api_key_calls_are_unauthenticated(embedder: InProcessServer, tei: Any) -> None:
     with channel(embedder) as ch:
         error = failed(tei.rpc.EmbedStub(ch).Embed, tei.pb.EmbedRequest(inputs="hi"))

@@ -59,6 +59,11 @@ def test_errors_leave_as_teis_status_codes(error: Exception, code: grpc.StatusCo
     assert failure(error).code == code
 
 
+def test_the_grpc_port_must_not_be_the_http_port() -> None:
+    with pytest.raises(ValidationError, match="gRPC needs a port of its own"):
+        Settings(_cli_parse_args=[], port=8000, grpc_port=8000)  # type: ignore[call-arg]
+
+
 def test_packed_floats_are_the_repeated_float_field() -> None:
     vector = np.array([0.5, -1.25, 3.0e-8, 7.0], dtype=np.float32)
     decoded = message("EmbedResponse").FromString(calls.packed_floats(vector)).embeddings
