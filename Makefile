@@ -22,7 +22,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 WHEEL_SOURCE ?= $(firstword $(subst :, ,$(PIP_FIND_LINKS)))
 COMPOSE_PLUGIN := $(HOME)/.docker/cli-plugins/docker-compose
 
-.PHONY: setup model serve test test-unit test-app test-checkpoints lint lint-code lint-deploy docs bench clean \
+.PHONY: setup model serve test test-unit test-app test-checkpoints lint lint-code lint-deploy docs grpc-descriptor bench clean \
         image up down logs smoke container-test compose-plugin
 
 setup: $(STAMP)
@@ -102,6 +102,11 @@ lint-deploy: $(STAMP) compose-plugin
 docs: $(STAMP)
 	$(PY) -m tools.reference_docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# TEI's gRPC messages come from server/grpc/proto/tei.binpb, made from the vendored tei.proto
+# (tests/unit/test_grpc.py fails while they disagree).
+grpc-descriptor: $(STAMP)
+	$(PY) -m tools.grpc_descriptor
 
 bench: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m bench.load

@@ -118,6 +118,25 @@ class SettingFields(BaseSettings):
             "(`AIP_PREDICT_ROUTE` sets it)."
         ),
     )
+    grpc_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description=(
+            "Port of TEI's gRPC API (its `tei.proto`, with gRPC health and reflection) on `host`; unset: no "
+            "gRPC (grpcio is not imported). Needs the `grpc` extra (in the image). See [API](../api.md#grpc)."
+        ),
+        json_schema_extra={"default_text": "unset (off)"},
+    )
+    grpc_stream_window: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description=(
+            "Messages of one gRPC stream in flight at once (answered in order); the stream reads no "
+            "further until the oldest is answered."
+        ),
+    )
 
     max_batch_tokens: int = Field(16384, ge=1, description="Padded tokens per engine batch.")
     max_batch_size: int = Field(256, ge=1, description="Inputs per engine batch.")

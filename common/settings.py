@@ -28,6 +28,12 @@ class Settings(SettingFields):
         return self
 
     @model_validator(mode="after")
+    def _grpc_port_apart(self) -> Settings:
+        if self.grpc_port is not None and self.grpc_port == self.port:
+            raise ValueError(f"grpc_port and port are both {self.port}: gRPC needs a port of its own")
+        return self
+
+    @model_validator(mode="after")
     def _adapters_named(self) -> Settings:
         names = [name for name, _ in self.adapter_folders]  # NAME=FOLDER each, or ValueError
         if len(set(names)) != len(names) or self.model_name in names:

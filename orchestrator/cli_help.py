@@ -26,7 +26,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "dtype",
         "allow_bin_weights",
     ),
-    "network": ("host", "port", "port_file", "health_route", "predict_route"),
+    "network": ("host", "port", "port_file", "health_route", "predict_route", "grpc_port", "grpc_stream_window"),
     "limits": (
         "max_batch_tokens",
         "max_batch_size",

@@ -140,10 +140,22 @@ class LifecycleServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self.grpc: Any = None  # server.grpc.server.GrpcServer, with WARMPOOL_GRPC_PORT set
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         self._loop = asyncio.get_running_loop()
+        if self.services.settings.grpc_port is not None:
+            from server.grpc.server import GrpcServer  # grpcio is imported only when the port is set
+
+            try:
+                self.grpc = GrpcServer(self.services)
+            except RuntimeError as exc:  # its port is taken: the start fails as a taken HTTP port fails it
+                reason = f"cannot listen for gRPC on port {self.services.settings.grpc_port}: {exc}"
+                self.services.startup.fail("bind", reason)
+                self._spawn(self.fail(reason))
+                return
+            await self.grpc.start()
         self.pool = ModelPool(self, self.models, self.budget)
         self.services.loader = self.pool
         self._spawn(self.boot())
@@ -233,6 +245,8 @@ class LifecycleServer(uvicorn.Server):
         self.services.booted.set()  # held requests get their 503 now, not after the linger
         log.error("startup_failed", reason=reason, exit_in_s=self.services.settings.fail_linger)
         await asyncio.sleep(self.services.settings.fail_linger)
+        if self.grpc is not None:
+            await self.grpc.stop(0)
         await self.shutdown_engines()
         self.should_exit = True
 
@@ -247,6 +261,8 @@ class LifecycleServer(uvicorn.Server):
         log.info("draining", in_flight=svc.in_flight, timeout_s=svc.settings.drain_timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + svc.settings.drain_timeout
+        if self.grpc is not None:  # NOT_SERVING at once; its calls in flight count in svc.in_flight
+            await self.grpc.draining()
         while svc.in_flight > 0 and loop.time() < deadline:
             await asyncio.sleep(0.02)
         if svc.in_flight:
@@ -255,6 +271,8 @@ class LifecycleServer(uvicorn.Server):
             ended = loop.time() + 1.0
             while svc.body_reads and loop.time() < ended:
                 await asyncio.sleep(0.01)
+        if self.grpc is not None:
+            await self.grpc.stop(0)  # what is left are health watches, or calls past the drain timeout
         await self.shutdown_engines()  # what is still waiting for an engine is answered 503
         log.info("drained")
         self.should_exit = True

@@ -138,3 +138,10 @@ def test_tracing_on_loads_the_sdk_and_its_exporter() -> None:
     loaded = loaded_after("tracing.configure(Settings(otlp_endpoint='http://127.0.0.1:9'))")
     assert any(m.startswith("opentelemetry.sdk") for m in loaded)
     assert any(m.startswith("opentelemetry.exporter.otlp.proto.http") for m in loaded)
+
+
+def test_grpc_is_imported_only_by_its_server() -> None:
+    """Without WARMPOOL_GRPC_PORT the HTTP process imports no grpc (LifecycleServer.startup imports
+    server.grpc.server only with the port set); that module brings it."""
+    assert loaded_after("import orchestrator.__main__; Settings()") == []
+    assert "grpc" in loaded_after("import server.grpc.server")

@@ -179,7 +179,7 @@ class BatchRunner:
         delay = 0.05
         while True:
             try:
-                tenant = pass_for(self.svc.keys, whose.tenant)  # the keys file as it is now
+                tenant = pass_for(self.svc.key_source, whose.tenant)  # the keys file as it is now
             except LookupError:
                 gone = APIError(
                     403, f"the job's tenant '{whose.tenant}' is no longer in the keys file", code="tenant_gone"

@@ -317,16 +317,27 @@ async def answer_without_engine(
     with in_shape(shape):
         await svc.serving_model()
         raw = await read_body(request, svc)
-    with admitted(svc, shape) as ctx:
-        tenant = getattr(request.state, "tenant", None)
+    tenant = getattr(request.state, "tenant", None)
+    return json_response(await respond_without_engine(svc, respond, raw, shape, tenant=tenant), timings)
+
+
+async def respond_without_engine(
+    svc: Services,
+    respond: Callable[[bytes, RequestContext], bytes],
+    raw: bytes,
+    shape: Shape,
+    priority: int = 0,
+    tenant: TenantPass | None = None,
+) -> bytes:
+    """A body that has arrived, admitted and answered by `respond` on the executor (HTTP's and gRPC's)."""
+    with admitted(svc, shape, priority) as ctx:
         ctx.allowed = tenant.models if tenant is not None else None
         try:
-            body = await svc.off_loop(respond, raw, ctx)
+            return await svc.off_loop(respond, raw, ctx)
         except ModelStarting as starting:
             if not await _woken(svc, ctx, starting):
                 raise
-            body = await svc.off_loop(respond, raw, ctx)
-    return json_response(body, timings)
+            return await svc.off_loop(respond, raw, ctx)
 
 
 async def _woken(svc: Services, ctx: RequestContext, starting: ModelStarting) -> bool:

@@ -25,6 +25,7 @@ from server.tokenizing.tokenizer import TokenizerPool
 
 if TYPE_CHECKING:
     from server.batches.runner import BatchRunner
+    from server.tenants.guard import KeySource
     from server.tenants.watcher import KeysWatcher
 
 P = ParamSpec("P")
@@ -88,6 +89,7 @@ class Services:
     body_reads_ended: set[asyncio.Task[Any]] = field(default_factory=set)
     tracing: Tracing | None = None  # WARMPOOL_OTLP_ENDPOINT set: spans per request (server/http/tracing.py)
     keys: KeysWatcher | None = None  # WARMPOOL_API_KEYS_FILE's tenants, reloaded on change (server/tenants/)
+    key_source: KeySource | None = None  # whoever checks keys: the keys file, or WARMPOOL_API_KEY alone
     # the start is over: every model has started or failed, or the start failed, or the server drains
     booted: asyncio.Event = field(default_factory=asyncio.Event)
     held: int = 0  # requests waiting for the start to end (WARMPOOL_HOLD_DURING_START)

@@ -92,5 +92,6 @@ def with_middleware(app: FastAPI) -> ASGIApp:
     keys = key_source(svc.settings)
     if keys is not None:
         svc.keys = keys if isinstance(keys, KeysWatcher) else None
+        svc.key_source = keys  # gRPC's calls check keys with it too
         inner = TenantGuard(inner, keys, svc.metrics, lambda path, method: is_open(path, method, probes))
     return RequestTracking(inner, svc, app.state.route_paths, probes)

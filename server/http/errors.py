@@ -121,19 +121,24 @@ _UNION_TAGS = {"str", "int", "list", "float", "bool", "dict", "function-after"}
 def response_for(exc: Exception) -> JSONResponse:
     """The OpenAI-shaped answer to any exception a route raised: FastAPI's handlers and the direct
     routes (server.http.direct) both answer through this one function."""
+    return error_response(api_error(exc))
+
+
+def api_error(exc: Exception) -> APIError:
+    """Any exception a request raised as the APIError it is answered with (HTTP's and gRPC's)."""
     if isinstance(exc, APIError):
-        return error_response(exc)
+        return exc
     if isinstance(exc, RequestValidationError | ValidationError):
-        return error_response(from_validation(list(exc.errors())))
+        return from_validation(list(exc.errors()))
     if isinstance(exc, StarletteHTTPException):
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        return error_response(APIError(exc.status_code, detail, headers=dict(exc.headers or {})))
+        return APIError(exc.status_code, detail, headers=dict(exc.headers or {}))
     if isinstance(exc, ClientDisconnected | ClientDisconnect):
         # Waiting for the engine or still uploading: either way nobody reads this answer; 499
         # (nginx's "client closed request") marks it in logs and metrics, never as a server error.
-        return error_response(APIError(499, "client closed the request", code="client_disconnected"))
+        return APIError(499, "client closed the request", code="client_disconnected")
     log.exception("unhandled_error", error=str(exc), exc_info=exc)
-    return error_response(APIError(500, "internal error", code="internal_error"))
+    return APIError(500, "internal error", code="internal_error")
 
 
 def install(app: FastAPI) -> None:

@@ -76,7 +76,7 @@ class Metrics:
         registry.register(_PhaseCollector(snapshot, default_model, ready))
         self.requests = Histogram(
             "warmpool_request_duration_seconds",
-            "HTTP request latency",
+            "Request latency: HTTP (route: its path) and gRPC (route: the method, status: the gRPC code)",
             ["route", "status"],
             buckets=SECONDS,
             registry=registry,

@@ -19,7 +19,7 @@ from server.core import inputs, outputs
 from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
 from server.core.pipeline import Prepare, Prepared, Render, answer, in_shape
-from server.core.services import services
+from server.core.services import Services, services
 from server.kinds.base import Ask
 from server.kinds.labels import label
 from server.protocols.openai import VectorEncoding, openapi_body
@@ -199,9 +199,8 @@ def render_root(
     return prep.state(prep.body, outcome, ctx)
 
 
-def info(request: Request) -> dict[str, Any]:
-    """TEI's Info: the model, its kind and the server's limits."""
-    svc = services(request)
+def info(svc: Services) -> dict[str, Any]:
+    """TEI's Info: the model, its kind and the server's limits (GET /info, gRPC's Info)."""
     model = svc.default_model()
     folder, settings = model.folder, svc.settings
     model_type = kinds.KINDS[folder.output].tei_type(folder)
@@ -228,7 +227,7 @@ def info(request: Request) -> dict[str, Any]:
 @router.get("/info")
 async def get_info(request: Request) -> Response:
     with in_shape("tei"):
-        return JSONResponse(info(request))
+        return JSONResponse(info(services(request)))
 
 
 @router.post("/", openapi_extra=openapi_body(TEIEmbedRequest))

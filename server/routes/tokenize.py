@@ -3,6 +3,8 @@ tokenizer alone, no engine round trip (admitted all the same)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -33,6 +35,10 @@ def tokenize(raw: bytes, ctx: RequestContext) -> bytes:
 
 
 def tei_tokenize(body: TEITokenizeRequest, ctx: RequestContext) -> bytes:
+    return outputs.to_json(tei_spans(body, ctx))
+
+
+def tei_spans(body: TEITokenizeRequest, ctx: RequestContext) -> list[list[dict[str, Any]]]:
     """TEI's answer: per text, its tokens with their text and character span (in the text with
     its prompt, if one was named). A text longer than the model takes is refused, as TEI does, so a
     request answers at most its inputs x the model's maximum tokens."""
@@ -47,8 +53,7 @@ def tei_tokenize(body: TEITokenizeRequest, ctx: RequestContext) -> bytes:
     ]
     limit = ctx.folder.max_model_len
     try:
-        spans = ctx.tokenizers.spans(texts, body.add_special_tokens, limit, ctx.budget_response)
-        return outputs.to_json(spans)
+        return ctx.tokenizers.spans(texts, body.add_special_tokens, limit, ctx.budget_response)
     except TooManyTokens as exc:
         raise inputs.bad_request(
             f"{where[exc.index]} has {exc.count} tokens, more than the model's maximum of {limit}", "inputs"
@@ -76,11 +81,14 @@ def detokenize(raw: bytes, ctx: RequestContext) -> bytes:
 
 def decode(raw: bytes, ctx: RequestContext) -> bytes:
     """TEI's /decode: one text per id list, as a list."""
-    body = inputs.parse(DecodeRequest, raw)
+    return outputs.to_json(decoded(inputs.parse(DecodeRequest, raw), ctx))
+
+
+def decoded(body: DecodeRequest, ctx: RequestContext) -> list[str]:
     batch: list[list[int]] = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]  # type: ignore[list-item]
     ctx.admit(len(batch), "ids")
     checked = [checked_ids(ids, ctx, "ids") for ids in batch]
-    return outputs.to_json(ctx.tokenizers.decode_batch(checked, body.skip_special_tokens))
+    return ctx.tokenizers.decode_batch(checked, body.skip_special_tokens)
 
 
 @router.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))

@@ -6,7 +6,7 @@ request's state for the access log, the trace, the metrics and the pipeline's mo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -97,6 +97,29 @@ def scope_of(path: str) -> str:
     return "admin" if path.startswith("/admin/") else "inference"
 
 
+def admit(keys: KeySource, token: bytes, needed: str, metrics: Metrics, state: dict[str, Any]) -> TenantPass:
+    """Who the bearer `token` is, allowed the `needed` scope and one request more of its quota now
+    (the caller releases it: `limits.release()`), or the APIError why not (401, 403, 429): HTTP's
+    guard and gRPC's calls alike. The tenant goes into `state` refused or not (the access log's)."""
+    keys.poll()
+    tenant = keys.ring.tenant_for(token) if token else None
+    if tenant is None:
+        raise APIError(
+            401, "missing or invalid API key", code="invalid_api_key", headers={"www-authenticate": "Bearer"}
+        )
+    limits = keys.limits[tenant.name]
+    state["tenant"] = granted = TenantPass(tenant.name, tenant.models, limits)
+    if needed not in tenant.scopes:
+        metrics.tenant_rejections.labels(tenant=tenant.name, reason="scope").inc()
+        raise APIError(403, f"this API key lacks the '{needed}' scope", code="insufficient_scope")
+    refusal = limits.admit()
+    if refusal is not None:
+        metrics.tenant_rejections.labels(tenant=tenant.name, reason=refusal.reason).inc()
+        raise APIError(429, refusal.message, code="rate_limit_exceeded", headers=refusal.headers)
+    metrics.tenant_requests.labels(tenant=tenant.name).inc()
+    return granted
+
+
 class TenantGuard:
     def __init__(self, app: ASGIApp, keys: KeySource, metrics: Metrics, is_open: OpenCheck) -> None:
         self.app = app
@@ -110,38 +133,19 @@ class TenantGuard:
             await self.app(scope, receive, send)
             return
         self.keys.poll()
-        ring = self.keys.ring
         needed = scope_of(path)
-        if needed == "metrics" and ring.metrics_open:
+        if needed == "metrics" and self.keys.ring.metrics_open:
             await self.app(scope, receive, send)
             return
-        token = _bearer(scope)
-        tenant = ring.tenant_for(token) if token else None
-        if tenant is None:
-            error = APIError(
-                401, "missing or invalid API key", code="invalid_api_key", headers={"www-authenticate": "Bearer"}
-            )
+        try:
+            tenant = admit(self.keys, _bearer(scope), needed, self.metrics, scope.setdefault("state", {}))
+        except APIError as error:
             await self._refuse(error, path, scope, receive, send)
             return
-        limits = self.keys.limits[tenant.name]
-        # named in the access log and the trace, refused or not
-        scope.setdefault("state", {})["tenant"] = TenantPass(tenant.name, tenant.models, limits)
-        if needed not in tenant.scopes:
-            self.metrics.tenant_rejections.labels(tenant=tenant.name, reason="scope").inc()
-            error = APIError(403, f"this API key lacks the '{needed}' scope", code="insufficient_scope")
-            await self._refuse(error, path, scope, receive, send)
-            return
-        refusal = limits.admit()
-        if refusal is not None:
-            self.metrics.tenant_rejections.labels(tenant=tenant.name, reason=refusal.reason).inc()
-            error = APIError(429, refusal.message, code="rate_limit_exceeded", headers=refusal.headers)
-            await self._refuse(error, path, scope, receive, send)
-            return
-        self.metrics.tenant_requests.labels(tenant=tenant.name).inc()
         try:
             await self.app(scope, receive, send)
         finally:
-            limits.release()
+            tenant.limits.release()
 
     async def _refuse(self, error: APIError, path: str, scope: Scope, receive: Receive, send: Send) -> None:
         error.shape = shape_of(path)
@@ -152,6 +156,11 @@ def _bearer(scope: Scope) -> bytes:
     """The Authorization header's bearer token (b"" without one): any length the server accepts."""
     for key, value in scope.get("headers", []):
         if key == b"authorization":
-            scheme, _, token = bytes(value).partition(b" ")
-            return token.strip() if scheme.lower() == b"bearer" else b""
+            return bearer(bytes(value))
     return b""
+
+
+def bearer(authorization: bytes) -> bytes:
+    """The token of an `authorization` value (HTTP's header, gRPC's metadata): b"" if not `Bearer`."""
+    scheme, _, token = authorization.partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""

@@ -1,6 +1,7 @@
 """The real app in this process: create_app with its middleware, the orchestrator's engine wiring,
 and each model's real engine loop (engine.process.run_engine) on a thread over a real Pipe.
 
+With `grpc_port` set, TEI's gRPC API listens on that port, on the app's loop, as in the server.
 What it leaves out is what only processes have: uvicorn's HTTP parsing, signals, the forkserver,
 prefetch, supervision and restarts (tests/ starts real servers for those). Requests go through
 starlette's TestClient, an httpx.Client: client packages take it as their HTTP client.
@@ -86,7 +87,12 @@ def serving(model: Path | str, **overrides: Any) -> Iterator[InProcessServer]:
                 startup.start("ready")
                 startup.done("ready", models=list(svc.models))
             client.portal.call(svc.booted.set)
-            yield InProcessServer(client, svc)
+            grpc = client.portal.call(_start_grpc, svc) if settings.grpc_port is not None else None
+            try:
+                yield InProcessServer(client, svc)
+            finally:
+                if grpc is not None:
+                    client.portal.call(grpc.stop, 0)
     finally:
         for engine in engines:
             assert engine.wiring.client is not None
@@ -95,6 +101,15 @@ def serving(model: Path | str, **overrides: Any) -> Iterator[InProcessServer]:
             engine.thread.join(STOP_TIMEOUT_S)
             assert not engine.thread.is_alive(), "an engine thread did not stop"
         executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def _start_grpc(svc: Services) -> Any:
+    """TEI's gRPC API on the app's own loop, as LifecycleServer.startup starts it."""
+    from server.grpc.server import GrpcServer
+
+    server = GrpcServer(svc)
+    await server.start()
+    return server
 
 
 def _boot_model(svc: Services, settings: Settings, loop: asyncio.AbstractEventLoop, several: bool) -> _Engine:
