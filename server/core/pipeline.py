@@ -224,13 +224,27 @@ async def respond(
         timings.submitted = time.perf_counter()
         timings.tokenization_ms = (timings.submitted - (timings.arrived or timings.started)) * 1000
         if prepared.tokens:
-            outcome = await run_on_engine(
-                svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx), deadline
-            )
+            with await _adapter_in_use(svc, ctx, deadline):
+                outcome = await run_on_engine(
+                    svc, ctx.model, prepared.tokens, timings, gone, lambda out: render(prepared, out, ctx), deadline
+                )
         else:  # answered without the engine (an inference-free sparse model's queries)
             outcome = Outcome(np.empty((0, 0), dtype=np.float32), 0.0, 0.0)
             outcome.rendered = await svc.off_loop(render, prepared, outcome, ctx)
     return prepared, outcome, ctx
+
+
+async def _adapter_in_use(
+    svc: Services, ctx: RequestContext, deadline: float
+) -> contextlib.AbstractContextManager[None]:
+    """The request's LoRA adapter loaded on its engines (a dropped one loaded again, one load however many
+    wait, by the request's deadline) and held in use until its inputs are answered: an unload waits for it."""
+    adapters = ctx.model.adapters
+    if not ctx.adapter or adapters is None:
+        return contextlib.nullcontext()
+    await adapters.until_loaded(ctx.adapter, deadline)
+    svc.metrics.adapter_requests.labels(model=ctx.model.name, adapter=ctx.adapter).inc()
+    return adapters.use(ctx.adapter)  # no await since until_loaded: still loaded
 
 
 async def prepare_in_time(

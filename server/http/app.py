@@ -15,6 +15,7 @@ from server.http import errors
 from server.http.direct import DirectRoutes
 from server.http.middleware import ApiKeyGuard, BodyLimit, RequestTracking
 from server.routes import (
+    adapters,
     batches,
     classify,
     cohere,
@@ -45,6 +46,7 @@ def create_app(svc: Services) -> FastAPI:
         health,
         metrics,
         models,
+        adapters,
         embeddings,
         classify,
         score,
