@@ -78,7 +78,8 @@ class AdapterSet:
         return name in self.entries
 
     def describe(self) -> dict[str, dict[str, Any]]:
-        return {name: entry.card() for name, entry in self.entries.items()}
+        """Each adapter's card (also read off the loop, by /status: a copy of the entries iterated)."""
+        return {name: entry.card() for name, entry in list(self.entries.items())}
 
     async def load(self, name: str, folder: Path) -> Adapter:
         """Register a run-time adapter and load it on every engine: answered once they serve it; 400 with

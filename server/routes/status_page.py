@@ -82,6 +82,8 @@ def live_status(svc: Services) -> dict[str, Any]:
         "requests": _requests(metrics.requests),
         "queue_depth": _value(metrics.queue_depth),
         "inputs_in_flight": _value(metrics.in_flight),
+        # each model's LoRA adapters: state, memory_bytes, loaded_at, last_used
+        "adapters": {name: m.adapters.describe() for name, m in list(svc.models.items()) if m.adapters},
     }
 
 

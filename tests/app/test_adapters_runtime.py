@@ -69,6 +69,12 @@ def test_models_and_the_startup_detail_list_a_loaded_adapter(app: InProcessServe
     assert ready["adapters"]["tax"]["memory_bytes"] == cards["tax"]["memory_bytes"]
 
 
+def test_the_status_page_s_poll_lists_a_loaded_adapter(app: InProcessServer) -> None:
+    assert app.post("/admin/adapters/legal/load", json={"path": "legal"}).status_code == 200
+    adapters = app.get("/status").json()["adapters"]
+    assert adapters["base"]["legal"]["state"] == "ready" and adapters["base"]["legal"]["loaded_at"] == "run time"
+
+
 def test_requests_with_an_adapter_are_counted_by_its_name(app: InProcessServer) -> None:
     assert app.post("/admin/adapters/legal/load", json={"path": "legal"}).status_code == 200
     assert embed(app, "legal")[0] == 200
@@ -119,9 +125,7 @@ def test_without_a_root_run_time_loading_is_refused(tiny: TinyFolders, root: Pat
     assert "set WARMPOOL_ADAPTER_ROOT" in r.json()["error"]["message"]
 
 
-def test_the_least_recently_used_is_dropped_for_room_and_loaded_again_on_demand(
-    tiny: TinyFolders, root: Path
-) -> None:
+def test_the_least_recently_used_is_dropped_for_room_and_loaded_again_on_demand(tiny: TinyFolders, root: Path) -> None:
     one = (root / "a" / "adapter_model.safetensors").stat().st_size
     cap = one + one // 2  # room for one adapter
     with serving(tiny["xlm-roberta"], served_model_name="base", adapter_root=str(root), adapter_bytes=str(cap)) as app:
