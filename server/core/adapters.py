@@ -149,6 +149,8 @@ class AdapterSet:
                 entry.bytes = report["loaded"].get(entry.name, entry.bytes)
                 entry.last_used = time.time()
         finally:
+            if entry.state == "loading":  # the engines did not answer in time: the next request tries again
+                entry.state = "dropped"
             entry.loading = None
             self.publish()
 
