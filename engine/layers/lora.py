@@ -234,19 +234,32 @@ def _target(model: nn.Module, module: str) -> tuple[str, slice, tuple[int, int]]
         parent = model.get_submodule(parent_path) if parent_path else model
     except AttributeError:
         return None
-    fused: dict[str, tuple[str, int, int]] = getattr(parent, "PARTS", {})
-    if leaf in fused:  # a part of a fused projection: its slice of the outputs
-        name, part, count = fused[leaf]
-        path = f"{parent_path}.{name}"
-        size = _dims(parent.get_submodule(name))
-        width = size[1] // count
-        return path, slice(part * width, (part + 1) * width), size
+    part = _part(parent, leaf)
+    if part is not None:  # a part of a fused projection: its slice of the outputs
+        name, where = part
+        return f"{parent_path}.{name}", where, _dims(parent.get_submodule(name))
     child = getattr(parent, leaf, None)
     if not isinstance(child, nn.Module) or _dims(child) is None:
         return None
     size = _dims(child)
     assert size is not None
     return module, slice(0, size[1]), size
+
+
+def _part(parent: nn.Module, leaf: str) -> tuple[str, slice] | None:
+    """Where the projection `leaf` of `parent` went when its family fused it: (the fused projection, its
+    slice of the outputs). A module's `part_slices()` says so where parts differ in width (grouped
+    queries' k and v); else its class's PARTS, (fused projection, index, parts) of equal widths."""
+    slices = getattr(parent, "part_slices", None)
+    if slices is not None:
+        found: tuple[str, slice] | None = slices().get(leaf)
+        return found
+    fused: dict[str, tuple[str, int, int]] = getattr(parent, "PARTS", {})
+    if leaf not in fused:
+        return None
+    name, index, count = fused[leaf]
+    width = _dims(parent.get_submodule(name))[1] // count
+    return name, slice(index * width, (index + 1) * width)
 
 
 def _dims(module: nn.Module) -> Any:
