@@ -86,6 +86,25 @@ class SettingFields(BaseSettings):
         ),
         json_schema_extra={"default_text": "unset (none)"},
     )
+    adapter_root: Path | None = Field(
+        None,
+        description=(
+            "The folder under which `POST /admin/adapters/{name}/load` may load PEFT LoRA adapters at run time "
+            "(a path in its body: relative to it, or absolute within it; symlinks resolved); unset: run-time "
+            'loading is refused (see "LoRA adapters").'
+        ),
+        json_schema_extra={"default_text": "unset (refused)"},
+    )
+    adapter_bytes: str | None = Field(
+        None,
+        pattern=BUDGET_PATTERN,
+        description=(
+            "What the LoRA adapters loaded at run time may hold in each engine: bytes with a `k`/`M`/`G`/`T` or "
+            "`Ki`/`Mi`/`Gi`/`Ti` suffix; the least recently used are dropped to make room (and loaded again by "
+            "the next request naming one); unset: no bound."
+        ),
+        json_schema_extra={"default_text": "unset (no bound)"},
+    )
     host: str = Field("127.0.0.1", description="Listen address (`0.0.0.0` in the image).")
     port: int = Field(
         8000,

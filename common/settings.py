@@ -52,6 +52,17 @@ class Settings(SettingFields):
                 pairs.append((name, Path(folder)))
         return tuple(pairs)
 
+    @model_validator(mode="after")
+    def _adapter_cap_in_bytes(self) -> Settings:
+        if self.adapter_bytes is not None and self.adapter_bytes.strip().endswith("%"):
+            raise ValueError(f"WARMPOOL_ADAPTER_BYTES {self.adapter_bytes!r}: bytes (with a suffix), not a share")
+        return self
+
+    @property
+    def adapter_cap(self) -> int | None:
+        """WARMPOOL_ADAPTER_BYTES in bytes; None: no bound."""
+        return None if self.adapter_bytes is None else budget_bytes(self.adapter_bytes, None)
+
     @cached_property
     def model_path(self) -> Path:
         """Resolved once, at start, then frozen: a re-forked engine loads the snapshot the tokenizer

@@ -1,7 +1,9 @@
 """The engine wire protocol: what the HTTP process and an engine say to each other over a pipe.
 
 Messages are `(kind, body)` tuples pickled with plain pickle:
-- to the engine: SUBMIT `[(key, Tokens), ...]`, CANCEL `[key, ...]`, STOP `None`;
+- to the engine: SUBMIT `[(key, Tokens), ...]`, CANCEL `[key, ...]`, STOP `None`, ADAPTERS
+  `(seq, [(name, folder), ...])`: the LoRA adapters it serves from then on (loaded, or dropped, between
+  groups), answered ADAPTERS `(seq, {"loaded": {name: bytes}, "refused": {name: reason}})`;
 - from the engine while starting: LOADED `{detail}`, READY `{detail}`, or FAILED
   `("one-line reason", traceback or None)`; then, per group of inputs run, RESULT
   `([key, ...], answers, batch stats dict)` or ERROR `([key, ...], "reason")`, and
@@ -41,6 +43,7 @@ class Msg:
     ERROR = "error"
     CANCELLED = "cancelled"
     COMPILE = "compile"
+    ADAPTERS = "adapters"
 
 
 class Tokens(NamedTuple):
@@ -86,7 +89,8 @@ class EngineSpec:
     compile: str = "off"  # auto, off or required (common.settings.Settings.compile)
     compile_cache: Path | None = None
     compile_timeout_s: float = 900.0
-    # PEFT LoRA adapters (name, folder) of this model, loaded at the engine's start (engine/layers/lora.py)
+    # PEFT LoRA adapters (name, folder) of this model, loaded at the engine's start (engine/layers/lora.py);
+    # those loaded at run time come as an ADAPTERS message, the first one sent when the engine attaches
     adapters: tuple[tuple[str, Path], ...] = ()
 
 

@@ -66,6 +66,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
                     **({"head": "bge-m3 (dense, sparse, multi_vector)"} if model.m3 else {}),
                     **({M3_REFUSED: model.m3_refused} if model.m3_refused else {}),
                     "heap": heap.detail,
+                    **({"adapters": dict(model.adapters.bytes)} if model.adapters and model.adapters.bytes else {}),
                     **model.weights,
                     **placement.detail,
                     **memory_detail(placement),
@@ -153,10 +154,10 @@ def serve_batches(
                     heap.idle()
                 while compilation is not None and compilation.pending and not inbox.poll(COMPILE_POLL_S):
                     _switch_if_built(conn, compilation)
-                if not _handle(conn, inbox.recv(), pending):
+                if not _handle(conn, inbox.recv(), pending, model):
                     return
             while inbox.poll(0):
-                if not _handle(conn, inbox.recv(), pending):
+                if not _handle(conn, inbox.recv(), pending, model):
                     return
         except (EOFError, OSError):
             return  # the HTTP process is gone: nothing left to serve
@@ -176,9 +177,16 @@ def _switch_if_built(conn: Connection, compilation: Compilation) -> None:
         send(conn, (Msg.COMPILE, compilation.detail))
 
 
-def _handle(conn: Connection, message: tuple[str, Any], pending: Pending, cancelled: set[int] | None = None) -> bool:
+def _handle(
+    conn: Connection,
+    message: tuple[str, Any],
+    pending: Pending,
+    model: PoolingModel,
+    cancelled: set[int] | None = None,
+) -> bool:
     """One message from the HTTP process; False for STOP. Cancelled keys are also added to
-    `cancelled` (a running batch drops them from the groups it has not run)."""
+    `cancelled` (a running batch drops them from the groups it has not run). ADAPTERS is handled
+    between groups: no forward runs while the set changes."""
     kind, body = message
     if kind == Msg.SUBMIT:
         pending.extend(body)
@@ -189,6 +197,9 @@ def _handle(conn: Connection, message: tuple[str, Any], pending: Pending, cancel
         # The client counts cancelled inputs as this engine's load until it hears from it: an
         # engine that only dropped them would otherwise look busy (and, idle, stalled) forever.
         send(conn, (Msg.CANCELLED, None))
+    elif kind == Msg.ADAPTERS:
+        seq, wanted = body
+        send(conn, (Msg.ADAPTERS, (seq, model.sync_adapters(wanted))))
     elif kind == Msg.STOP:
         return False
     return True
@@ -212,7 +223,7 @@ def _run_batch(
     for index, group in enumerate(groups):
         if index:
             while inbox.poll(0):
-                if not _handle(conn, inbox.recv(), pending, cancelled):
+                if not _handle(conn, inbox.recv(), pending, model, cancelled):
                     return False
             if cancelled:  # acknowledged as dropped: they must not run (the client no longer counts them)
                 group = [item for item in group if item[0] not in cancelled]

@@ -22,6 +22,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "resident",
         "keep_alive",
         "adapters",
+        "adapter_root",
+        "adapter_bytes",
         "device",
         "dtype",
         "allow_bin_weights",

@@ -25,6 +25,7 @@ from orchestrator.binding import EarlyResponder
 from orchestrator.forkserver import StartMethod
 from orchestrator.ondemand import ModelPool
 from orchestrator.supervisor import EngineStartError, EngineSupervisor
+from server.core.adapters import model_adapters
 from server.core.admission import Admission
 from server.core.engine_client import BatchStats, EngineClient
 from server.core.services import ServedModel, Services
@@ -196,12 +197,13 @@ class LifecycleServer(uvicorn.Server):
 
         wiring = EngineWiring(svc, phases, on_fatal)
         self.wirings.append(wiring)
-        wiring.client = EngineClient(loop, svc.executor, wiring)
+        wiring.client = EngineClient(loop, svc.executor, wiring, adapters=settings.adapter_folders)
         wiring.supervisor = EngineSupervisor(settings, phases, self.method, wiring)
         engine_started = asyncio.wrap_future(_in_thread(wiring.supervisor.start_engines, f"engine-start-{name}"))
         try:
             folder, tokenizers = await svc.off_loop(_load_model_side, settings.model_path)
-            folder = m3.as_loaded(folder, await engine_started)  # bge-m3's heads: refused or not
+            loaded = await engine_started
+            folder = m3.as_loaded(folder, loaded)  # bge-m3's heads: refused or not
         except Exception as exc:
             wiring.supervisor.abort()  # no engine is forked for a model that failed
             engine_started.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it now
@@ -212,9 +214,11 @@ class LifecycleServer(uvicorn.Server):
                 await self.model_lost(name, message)
             return False
         admission = Admission(settings.admission_permits, settings.priority_reserve) if len(self.models) > 1 else None
-        svc.models[name] = ServedModel(name, folder, tokenizers, wiring.client, admission, settings.adapter_folders)
+        adapters = model_adapters(name, wiring.client, settings, loaded, svc.metrics, phases)
+        svc.models[name] = ServedModel(name, folder, tokenizers, wiring.client, admission, adapters)
         phases.start("ready")
         phases.done("ready", model=name, kind=folder.kind)
+        adapters.publish()  # its adapters in the ready phase's detail
         return True
 
     def wiring(self, name: str) -> EngineWiring | None:

@@ -69,6 +69,15 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.size, eps)
         self.k_norm = RMSNorm(self.size, eps)
 
+    def part_slices(self) -> dict[str, tuple[str, slice]]:
+        """Where q, k and v lie in the fused projection: a LoRA adapter's update of each goes there."""
+        q, kv = self.heads * self.size, self.kv_heads * self.size
+        return {
+            "q_proj": ("qkv", slice(0, q)),
+            "k_proj": ("qkv", slice(q, q + kv)),
+            "v_proj": ("qkv", slice(q + kv, q + 2 * kv)),
+        }
+
     def fuse(self) -> None:
         """One projection for q, k and v: one GEMM per layer instead of three."""
         parts = (self.q_proj, self.k_proj, self.v_proj)
@@ -86,6 +95,9 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """SwiGLU: down(act(gate(x)) * up(x)), gate and up as one projection once fused."""
+
+    # what fuse() stacks: each part's (fused projection, index, parts), where a LoRA adapter's update of it goes
+    PARTS = {"gate_proj": ("gate_up", 0, 2), "up_proj": ("gate_up", 1, 2)}
 
     def __init__(self, c: dict[str, Any]) -> None:
         super().__init__()

@@ -7,8 +7,9 @@ An adapter is a PEFT folder (adapter_config.json + adapter_model.safetensors) tr
 transformers' AutoModel names its modules (what sentence-transformers' PEFT integration saves): the
 names are the native family's own (engine/layers/encoder.py mirrors BertModel's). A projection the
 family fuses (attention's q, k and v: `SelfAttention.PARTS`) takes each part's update in its slice.
-What the arithmetic here cannot reproduce is refused when the engine starts, the reason naming it:
-DoRA, biases, modules_to_save, per-module alphas, modules the family does not have.
+What the arithmetic here cannot reproduce is refused when it is loaded, the reason naming it:
+DoRA, biases, modules_to_save, per-module alphas, modules the family does not have (another
+architecture), projections of other sizes (another base).
 """
 
 from __future__ import annotations
@@ -59,16 +60,58 @@ class Update:
 
 
 class Adapters:
-    """The adapters one engine serves, by name, and the rows of the group being run (set by applied())."""
+    """The adapters one engine serves, by name, and the rows of the group being run (set by applied()).
+    Adapters come and go between groups (sync(): the HTTP process's set over the pipe); a projection's
+    hook, registered the first time an adapter targets it, reads the updates held at each call."""
 
-    def __init__(self, names: list[str], updates: dict[str, dict[int, Update]], model: nn.Module) -> None:
-        self.names = names
-        self.index = {name: i for i, name in enumerate(names)}
-        self.updates = updates  # module path -> adapter index -> its update there
-        # during a forward: adapter index -> its token rows (a slice where they lie together: no gather)
-        self._rows: list[tuple[int, slice | torch.Tensor]] = []
-        for path in updates:
-            model.get_submodule(path).register_forward_hook(self._hook(path))
+    def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+        self.model, self.device, self.dtype = model, device, dtype
+        self.folders: dict[str, Path] = {}  # name -> its folder
+        self.bytes: dict[str, int] = {}  # name -> the bytes its updates hold on the device
+        self.updates: dict[str, dict[str, Update]] = {}  # module path -> adapter name -> its update there
+        # during a forward: adapter name -> its token rows (a slice where they lie together: no gather)
+        self._rows: list[tuple[str, slice | torch.Tensor]] = []
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.folders)
+
+    def add(self, name: str, folder: Path) -> None:
+        """Read, check and place one adapter; ModelError (nothing added) for one the model cannot serve."""
+        found = {
+            path: Update(update.a.to(self.device, self.dtype), update.b.to(self.device, self.dtype))
+            for path, update in _read(name, folder, self.model).items()
+        }
+        for path, update in found.items():
+            if path not in self.updates:
+                self.updates[path] = {}
+                self.model.get_submodule(path).register_forward_hook(self._hook(path))
+            self.updates[path][name] = update
+        self.folders[name] = folder
+        self.bytes[name] = sum(t.numel() * t.element_size() for u in found.values() for t in (u.a, u.b))
+
+    def remove(self, name: str) -> None:
+        for updates in self.updates.values():
+            updates.pop(name, None)
+        self.folders.pop(name, None)
+        self.bytes.pop(name, None)
+
+    def sync(self, wanted: Sequence[tuple[str, Path]]) -> dict[str, Any]:
+        """Make the set `wanted` (a folder changed: read again); what it holds then, by name, and why
+        each adapter it could not load was refused."""
+        wanted_folders = {name: Path(folder) for name, folder in wanted}
+        for name in [n for n, folder in self.folders.items() if wanted_folders.get(n) != folder]:
+            self.remove(name)
+        refused = {}
+        for name, folder in wanted_folders.items():
+            if name not in self.folders:
+                try:
+                    self.add(name, folder)
+                except ModelError as exc:
+                    refused[name] = str(exc)
+                except Exception as exc:  # an unreadable file: this adapter refused, the engine serves on
+                    refused[name] = f"adapter '{name}' ({folder}) cannot be read: {type(exc).__name__}: {exc}"
+        return {"loaded": dict(self.bytes), "refused": refused}
 
     def _hook(self, path: str) -> Any:
         updates = self.updates[path]
@@ -77,8 +120,8 @@ class Adapters:
             if not self._rows:
                 return None  # a base-only group: the projection's output as it is
             x = inputs[0]
-            for index, rows in self._rows:
-                update = updates.get(index)
+            for name, rows in self._rows:
+                update = updates.get(name)
                 if update is None:
                     continue
                 if isinstance(rows, slice):
@@ -93,20 +136,21 @@ class Adapters:
     def applied(self, packed: Packed) -> Iterator[None]:
         """Within it, the hooked projections add each adapter's update to its inputs' rows."""
         assert packed.adapters is not None
-        unknown = set(packed.adapters) - self.index.keys() - {""}
+        unknown = set(packed.adapters) - self.folders.keys() - {""}
         if unknown:
-            raise ValueError(f"no adapter named {', '.join(sorted(unknown))} (there are: {', '.join(self.names)})")
+            there = ", ".join(self.names) or "none"
+            raise ValueError(f"no adapter named {', '.join(sorted(unknown))} (there are: {there})")
         device = packed.ids.device
-        rows: list[tuple[int, slice | torch.Tensor]] = []
+        rows: list[tuple[str, slice | torch.Tensor]] = []
         for name in dict.fromkeys(packed.adapters):
             if name:
                 mine = [s for s, adapter in zip(packed.spans, packed.adapters, strict=True) if adapter == name]
                 first, end = mine[0][0], mine[-1][0] + mine[-1][1]
                 if end - first == sum(n for _, n in mine):  # one run of inputs: a view, no gather or scatter
-                    rows.append((self.index[name], slice(first, end)))
+                    rows.append((name, slice(first, end)))
                 else:
                     index = torch.cat([torch.arange(start, start + n) for start, n in mine]).to(device)
-                    rows.append((self.index[name], index))
+                    rows.append((name, index))
         self._rows = rows
         try:
             yield
@@ -114,18 +158,13 @@ class Adapters:
             self._rows = []
 
 
-def load(
-    adapters: Sequence[tuple[str, Path]], model: nn.Module, device: torch.device, dtype: torch.dtype
-) -> Adapters | None:
-    """The adapters, checked against the model and hooked onto its projections; None for none.
+def load(adapters: Sequence[tuple[str, Path]], model: nn.Module, device: torch.device, dtype: torch.dtype) -> Adapters:
+    """The adapters, checked against the model and hooked onto its projections.
     ModelError (the engine's start fails) for one the model cannot serve exactly."""
-    if not adapters:
-        return None
-    updates: dict[str, dict[int, Update]] = {}
-    for index, (name, folder) in enumerate(adapters):
-        for path, update in _read(name, Path(folder), model).items():
-            updates.setdefault(path, {})[index] = Update(update.a.to(device, dtype), update.b.to(device, dtype))
-    return Adapters([name for name, _ in adapters], updates, model)
+    loaded = Adapters(model, device, dtype)
+    for name, folder in adapters:
+        loaded.add(name, Path(folder))
+    return loaded
 
 
 def _read(name: str, folder: Path, model: nn.Module) -> dict[str, Update]:
@@ -167,8 +206,9 @@ def _read(name: str, folder: Path, model: nn.Module) -> dict[str, Update]:
         a, b = pair["A"], pair["B"]
         rank = a.shape[0]
         if a.shape[1] != size[0] or b.shape != (where.stop - where.start, rank):
-            raise ModelError(
-                f"adapter '{name}' ({folder}): {module}'s A {list(a.shape)} and B {list(b.shape)} do not fit"
+            raise ModelError(  # another hidden size or width: trained on another base
+                f"adapter '{name}' ({folder}) was trained on another base: its {module} maps {a.shape[1]} features"
+                f" to {b.shape[0]}, this model's {size[0]} to {where.stop - where.start}"
             )
         scale = alpha / math.sqrt(rank) if rslora else alpha / rank  # PEFT's scaling, per module's rank
         parts.setdefault(path, []).append((where, a, b * scale))
@@ -194,19 +234,32 @@ def _target(model: nn.Module, module: str) -> tuple[str, slice, tuple[int, int]]
         parent = model.get_submodule(parent_path) if parent_path else model
     except AttributeError:
         return None
-    fused: dict[str, tuple[str, int, int]] = getattr(parent, "PARTS", {})
-    if leaf in fused:  # a part of a fused projection: its slice of the outputs
-        name, part, count = fused[leaf]
-        path = f"{parent_path}.{name}"
-        size = _dims(parent.get_submodule(name))
-        width = size[1] // count
-        return path, slice(part * width, (part + 1) * width), size
+    part = _part(parent, leaf)
+    if part is not None:  # a part of a fused projection: its slice of the outputs
+        name, where = part
+        return f"{parent_path}.{name}", where, _dims(parent.get_submodule(name))
     child = getattr(parent, leaf, None)
     if not isinstance(child, nn.Module) or _dims(child) is None:
         return None
     size = _dims(child)
     assert size is not None
     return module, slice(0, size[1]), size
+
+
+def _part(parent: nn.Module, leaf: str) -> tuple[str, slice] | None:
+    """Where the projection `leaf` of `parent` went when its family fused it: (the fused projection, its
+    slice of the outputs). A module's `part_slices()` says so where parts differ in width (grouped
+    queries' k and v); else its class's PARTS, (fused projection, index, parts) of equal widths."""
+    slices = getattr(parent, "part_slices", None)
+    if slices is not None:
+        found: tuple[str, slice] | None = slices().get(leaf)
+        return found
+    fused: dict[str, tuple[str, int, int]] = getattr(parent, "PARTS", {})
+    if leaf not in fused:
+        return None
+    name, index, count = fused[leaf]
+    width = _dims(parent.get_submodule(name))[1] // count
+    return name, slice(index * width, (index + 1) * width)
 
 
 def _dims(module: nn.Module) -> Any:

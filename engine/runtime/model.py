@@ -66,14 +66,25 @@ class PoolingModel:
                 self.m3_refused = str(exc)
         self.default_head = default_head(info)  # what an input naming no head gets (engine/heads)
         wrapped = isinstance(self.model, clip.DualEncoder) or info.splade is not None or info.late is not None
-        if adapters and (not info.native or wrapped):  # their encoders lie under other module names
-            raise ModelError(f"LoRA adapters are served on the native text encoders only, not on {info.path}")
-        self.adapters = lora.load(adapters, self.model, device, dtype)
+        # None: a model whose encoder lies under other module names, where no adapter can be served
+        self.adapters = None if not info.native or wrapped else lora.load(adapters, self.model, device, dtype)
+        if adapters and self.adapters is None:
+            raise ModelError(self.no_adapters)
+
+    @property
+    def no_adapters(self) -> str:
+        return f"LoRA adapters are served on the native text encoders only, not on {self.info.path}"
+
+    def sync_adapters(self, wanted: Sequence[tuple[str, Path]]) -> dict[str, Any]:
+        """The adapters the HTTP process wants now (engine/layers/lora.py Adapters.sync's report)."""
+        if self.adapters is None:
+            return {"loaded": {}, "refused": {name: self.no_adapters for name, _ in wanted}}
+        return self.adapters.sync(wanted)
 
     def _run(self, packed: Packed) -> torch.Tensor:
         if packed.adapters is not None:  # eager: the compiled graph has no adapter updates in it
             if self.adapters is None:
-                raise ValueError("this engine serves no LoRA adapters")
+                raise ValueError(self.no_adapters)
             with self.adapters.applied(packed):
                 return self.model(packed)  # type: ignore[no-any-return]
         if self.compiled is None or packed.keys is not None:  # the compiled graph attends to every token

@@ -21,7 +21,16 @@ from typing import TYPE_CHECKING, Any
 from common.settings import Settings
 from common.wire import Tokens
 from server.core.engine_client import Outcome
-from server.core.result_cache import CacheFormatError, LocalLRU, Value, decode, encode, input_key, model_digest
+from server.core.result_cache import (
+    CacheFormatError,
+    LocalLRU,
+    Value,
+    adapter_digest,
+    decode,
+    encode,
+    input_key,
+    model_digest,
+)
 from server.core.shared_cache import SharedCache
 from server.http.metrics import Metrics
 
@@ -62,6 +71,7 @@ class ResultCache:
         self._flight: dict[bytes, asyncio.Future[Value]] = {}  # inputs being run now, by key
         self._digests: dict[str, tuple[int, str]] = {}  # model name -> (its engine client's id, its digest)
         self._digest_lock = threading.Lock()
+        self._adapter_digests: dict[tuple[str, str, int], str] = {}  # (model, adapter, its load) -> digest
         self._per_model: dict[str, Settings] | None = None
         self._started = False
         metrics.cache_bytes.set_function(lambda: self.lru.bytes)
@@ -79,14 +89,25 @@ class ResultCache:
             if self._per_model is None:
                 self._per_model = {m.model_name: m for m in self._settings.per_model()}
             ms = self._per_model.get(model.name, self._settings)
-            made = model_digest(ms.model_path, ms.dtype, ms.resolved_device, ms.compile, model.adapters)
+            made = model_digest(ms.model_path, ms.dtype, ms.resolved_device, ms.compile)
             self._digests[model.name] = (id(model.engine), made)
             return made
+
+    def _adapter(self, model: ServedModel, name: str) -> str:
+        """The digest of the adapter an input names, made once per load of it (a name loaded again
+        from other files keys apart)."""
+        entry = model.adapters.entries.get(name) if name and model.adapters is not None else None
+        if entry is None:
+            return ""
+        made = self._adapter_digests.get((model.name, name, entry.generation))
+        if made is None:
+            made = self._adapter_digests[(model.name, name, entry.generation)] = adapter_digest(entry.folder)
+        return made
 
     def lookup(self, model: ServedModel, tokens: list[Tokens]) -> Lookup:
         """On the executor: each input's key, and its answer where the LRU holds it."""
         digest = self.digest(model)
-        keys = [input_key(digest, t) for t in tokens]
+        keys = [input_key(digest, t, self._adapter(model, t.adapter)) for t in tokens]
         return Lookup(keys, [self._decoded(self.lru.get(k)) for k in keys])
 
     @staticmethod

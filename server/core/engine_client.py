@@ -25,6 +25,7 @@ import numpy as np
 import structlog
 
 from common.wire import Keyed, Msg, Tokens
+from server.core.engine_adapters import AdapterFolders, EngineAdapters
 from server.core.engine_pipe import EnginePipe
 
 
@@ -117,8 +118,10 @@ class EngineClient:
         executor: Executor,
         events: EngineEvents,
         stall_timeout_s: float | None = None,
+        adapters: AdapterFolders = (),
     ) -> None:
         self._loop = loop
+        self.adapters = EngineAdapters(loop, adapters)  # the LoRA adapters every engine serves
         self._executor = executor
         self._events = events
         self._lock = threading.Lock()
@@ -149,7 +152,8 @@ class EngineClient:
             if self._stopped:  # a restart that finished while the server stopped: let it exit
                 conn.close()
                 return
-            self._slots[slot] = EnginePipe(slot, conn, self._on_message, self._on_lost)
+            self._slots[slot] = pipe = EnginePipe(slot, conn, self._on_message, self._on_lost)
+            self.adapters.attached(pipe)  # before its first input
             self._dispatch([e for e in self._entries.values() if e.slot is None])
 
     def submit(
@@ -172,6 +176,11 @@ class EngineClient:
             self._entries.update(zip(keys, entries, strict=True))
             self._dispatch(entries)
         return future, keys
+
+    def change_adapters(self, wanted: AdapterFolders) -> asyncio.Future[dict[str, Any]]:
+        """Every engine serves these LoRA adapters from now on (EngineAdapters.change)."""
+        with self._lock:
+            return self.adapters.change(wanted, self._slots)
 
     def cancel(self, keys: list[int]) -> None:
         """Forget a request (its client left); engines drop those inputs if still queued."""
@@ -228,6 +237,8 @@ class EngineClient:
                 self._on_error(keys, message, pipe.slot)
             elif kind == Msg.COMPILE:
                 self._events.engine_compile(pipe.slot, body)
+            elif kind == Msg.ADAPTERS:
+                self.adapters.answered(pipe.slot, body)
         except Exception:  # a bug here must not silently stop this engine's results
             log.exception("engine_message_failed", slot=pipe.slot, kind=kind)
 
@@ -377,6 +388,7 @@ class EngineClient:
             for entry in orphans:
                 entry.slot = None
             self._dispatch(orphans)
+        self.adapters.lost(slot)
         for req in given_up:
             self._settle(req, EngineUnavailable("engines died twice while running this request"))
         self._events.engine_lost(slot)

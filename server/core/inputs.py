@@ -108,7 +108,7 @@ class RequestContext:
             if name in self.configured:
                 raise ModelStarting(name)
             served = ", ".join(f"'{n}'" for n in self.configured or self.served)
-            adapters = ", ".join(f"'{a}'" for m in self.served.values() for a, _ in m.adapters)
+            adapters = ", ".join(f"'{a}'" for m in self.served.values() for a, _ in m.adapters or ())
             raise APIError(
                 404,
                 f"model '{name}' does not exist; this server serves {served}"

@@ -241,7 +241,8 @@ async def respond(
         timings.submitted = time.perf_counter()
         timings.tokenization_ms = (timings.submitted - (timings.arrived or timings.started)) * 1000
         if prepared.tokens:
-            outcome = await run_cached(svc, ctx, prepared, render, timings, gone, deadline)
+            with await _adapter_in_use(svc, ctx, deadline):
+                outcome = await run_cached(svc, ctx, prepared, render, timings, gone, deadline)
         else:  # answered without the engine (an inference-free sparse model's queries)
             outcome = Outcome(np.empty((0, 0), dtype=np.float32), 0.0, 0.0)
             outcome.rendered = await svc.off_loop(render, prepared, outcome, ctx)
@@ -274,6 +275,19 @@ async def run_cached(
         raise svc.unavailable("timed out waiting for the engine") from None
     svc.last_used[ctx.model.name] = time.time()  # a hit is a use of the model too
     return outcome
+
+
+async def _adapter_in_use(
+    svc: Services, ctx: RequestContext, deadline: float
+) -> contextlib.AbstractContextManager[None]:
+    """The request's LoRA adapter loaded on its engines (a dropped one loaded again, one load however many
+    wait, by the request's deadline) and held in use until its inputs are answered: an unload waits for it."""
+    adapters = ctx.model.adapters
+    if not ctx.adapter or adapters is None:
+        return contextlib.nullcontext()
+    await adapters.until_loaded(ctx.adapter, deadline)
+    svc.metrics.adapter_requests.labels(model=ctx.model.name, adapter=ctx.adapter).inc()
+    return adapters.use(ctx.adapter)  # no await since until_loaded: still loaded
 
 
 async def prepare_in_time(

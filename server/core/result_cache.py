@@ -15,7 +15,6 @@ import hashlib
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -35,17 +34,30 @@ class CacheFormatError(ValueError):
     """Bytes that are not a value of this format version (another version's, or damaged)."""
 
 
-def model_digest(folder: Path, precision: str, device: str, mode: str, adapters: Iterable[tuple[str, Path]]) -> str:
+def model_digest(folder: Path, precision: str, device: str, mode: str) -> str:
     """What decides a model's answers beside the input: its files' names, sizes and sampled contents
-    (the same on every replica that holds the same files, whatever their mtimes), its adapters' files,
-    the precision, the device and the engine mode (a compiled forward's bits may differ from eager's)."""
+    (the same on every replica that holds the same files, whatever their mtimes), the precision, the
+    device and the engine mode (a compiled forward's bits may differ from eager's). An input's adapter
+    is in its own key (input_key)."""
     h = hashlib.blake2b(f"v{FORMAT_VERSION}|{precision}|{device}|{mode}".encode(), digest_size=16)
     try:
         files = [(f"model/{f.relative_to(folder)}", f) for f in files_to_load(folder)]
     except (ModelError, OSError, ValueError):
         files = []
-    for name, adapter in adapters:
-        files += [(f"adapter:{name}/{f.name}", f) for f in sorted(adapter.glob("*")) if f.is_file()]
+    _sampled(h, files)
+    return h.hexdigest()
+
+
+def adapter_digest(folder: Path) -> str:
+    """A LoRA adapter's files, sampled as model_digest samples a model's: one loaded at run time under a
+    name another had keys its answers apart from the other's."""
+    h = hashlib.blake2b(b"adapter", digest_size=16)
+    _sampled(h, [(f.name, f) for f in sorted(folder.glob("*")) if f.is_file()])
+    return h.hexdigest()
+
+
+def _sampled(h: hashlib.blake2b, files: list[tuple[str, Path]]) -> None:
+    """Each file's label, size and first and last SAMPLE_BYTES into `h`."""
     for label, path in files:
         h.update(label.encode() + b"\0")
         try:
@@ -58,13 +70,13 @@ def model_digest(folder: Path, precision: str, device: str, mode: str, adapters:
                     h.update(fh.read(SAMPLE_BYTES))
         except OSError:
             h.update(b"unreadable")
-    return h.hexdigest()
 
 
-def input_key(digest: str, t: Tokens) -> bytes:
-    """An input's key: the model's digest and every field of its Tokens that changes the engine's answer."""
+def input_key(digest: str, t: Tokens, adapter: str = "") -> bytes:
+    """An input's key: the model's digest, its adapter's (adapter_digest) and every field of its Tokens
+    that changes the engine's answer."""
     h = hashlib.blake2b(digest.encode(), digest_size=20)
-    h.update(f"|{t.head}|{t.keys}|{','.join(t.outputs)}|{t.adapter}|".encode())
+    h.update(f"|{t.head}|{t.keys}|{','.join(t.outputs)}|{t.adapter}:{adapter}|".encode())
     h.update(np.asarray(t.input_ids, dtype=np.int64).tobytes())
     if t.token_type_ids is not None:
         h.update(b"|types|" + np.asarray(t.token_type_ids, dtype=np.int64).tobytes())

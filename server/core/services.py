@@ -7,7 +7,6 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from fastapi import Request
@@ -15,6 +14,7 @@ from fastapi import Request
 from common.modelfolder import ModelFolder
 from common.settings import Settings, cache_bound
 from common.startup import StartupState
+from server.core.adapters import AdapterSet
 from server.core.admission import Admission
 from server.core.cached_run import ResultCache
 from server.core.engine_client import BatchStats, EngineClient
@@ -42,11 +42,11 @@ class ServedModel:
     tokenizers: TokenizerPool
     engine: EngineClient
     admission: Admission | None = None  # its own permits, with several models; else the server's
-    # its LoRA adapters (name, folder): a request naming one is served by this model, the adapter applied
-    adapters: tuple[tuple[str, Path], ...] = ()
+    # its LoRA adapters: a request naming one is served by this model, the adapter applied; None: none ever
+    adapters: AdapterSet | None = None
 
     def serves_adapter(self, name: str) -> bool:
-        return any(adapter == name for adapter, _ in self.adapters)
+        return self.adapters is not None and name in self.adapters
 
 
 class ModelLoader(Protocol):

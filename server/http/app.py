@@ -15,6 +15,7 @@ from server.http import errors
 from server.http.direct import DirectRoutes
 from server.http.middleware import BodyLimit, RequestTracking, is_open
 from server.routes import (
+    adapters,
     batches,
     classify,
     cohere,
@@ -47,6 +48,7 @@ def create_app(svc: Services) -> FastAPI:
         health,
         metrics,
         models,
+        adapters,
         embeddings,
         classify,
         score,

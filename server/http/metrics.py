@@ -173,6 +173,18 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.adapter_requests = Counter(
+            "warmpool_adapter_requests_total",
+            "Requests answered with a LoRA adapter, by its base model and the adapter",
+            ["model", "adapter"],
+            registry=registry,
+        )
+        self.adapter_resident_bytes = Gauge(
+            "warmpool_adapter_resident_bytes",
+            "Memory one engine holds for a LoRA adapter (0 once dropped or unloaded)",
+            ["model", "adapter"],
+            registry=registry,
+        )
         self.disconnects = Counter(
             "warmpool_client_disconnects_total",
             "Requests whose client left before the answer",

@@ -68,7 +68,11 @@ def model_list(request: Request, owner: str) -> dict[str, object]:
         }
         cards.append(served)
         # each LoRA adapter as vLLM lists its LoRA modules: its own id and root, its base as `parent`
-        cards += [{**served, "id": adapter, "root": str(root), "parent": name} for adapter, root in model.adapters]
+        if model.adapters is not None:
+            cards += [
+                {**served, "id": a.name, "root": str(a.folder), "parent": name, **a.card()}
+                for a in model.adapters.entries.values()
+            ]
     return {"object": "list", "data": cards}
 
 

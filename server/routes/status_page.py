@@ -85,6 +85,8 @@ def live_status(svc: Services) -> dict[str, Any]:
         "inputs_in_flight": _value(metrics.in_flight),
         "keys": svc.keys.detail() if svc.keys is not None else None,  # the keys file: tenants, its last error
         "cache": cache_stats(svc.cache),
+        # each model's LoRA adapters: state, memory_bytes, loaded_at, last_used
+        "adapters": {name: m.adapters.describe() for name, m in list(svc.models.items()) if m.adapters},
     }
 
 

@@ -31,6 +31,7 @@ from engine.process import run_engine
 from orchestrator.forkserver import StartMethod
 from orchestrator.lifecycle import EngineWiring, _load_model_side
 from orchestrator.supervisor import EngineSupervisor
+from server.core.adapters import model_adapters
 from server.core.admission import Admission
 from server.core.engine_client import EngineClient
 from server.core.services import ServedModel, Services
@@ -119,7 +120,7 @@ def _boot_model(svc: Services, settings: Settings, loop: asyncio.AbstractEventLo
     phases = svc.startup.for_model(name)
     phases.skip("prefetch", "in-process test app")
     wiring = EngineWiring(svc, phases, on_fatal=lambda reason: None)
-    wiring.client = EngineClient(loop, svc.executor, wiring)
+    wiring.client = EngineClient(loop, svc.executor, wiring, adapters=settings.adapter_folders)
     wiring.supervisor = EngineSupervisor(settings, phases, StartMethod(multiprocessing.get_context("fork")), wiring)
     phases.start("forkserver", method="thread")
     phases.done("forkserver")
@@ -140,9 +141,11 @@ def _boot_model(svc: Services, settings: Settings, loop: asyncio.AbstractEventLo
     folder, tokenizers = _load_model_side(settings.model_path)
     folder = m3.as_loaded(folder, loaded)
     admission = Admission(settings.admission_permits, settings.priority_reserve) if several else None
-    svc.models[name] = ServedModel(name, folder, tokenizers, wiring.client, admission, settings.adapter_folders)
+    adapters = model_adapters(name, wiring.client, settings, loaded, svc.metrics, phases)
+    svc.models[name] = ServedModel(name, folder, tokenizers, wiring.client, admission, adapters)
     phases.start("ready")
     phases.done("ready", model=name, kind=folder.kind)
+    adapters.publish()
     return _Engine(wiring, thread)
 
 

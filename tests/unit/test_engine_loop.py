@@ -13,6 +13,9 @@ from common.wire import Msg, Tokens, send
 from engine.process import _handle, _run_batch
 from engine.runtime.batching import Pending
 from engine.runtime.inbox import Inbox
+from engine.runtime.model import PoolingModel
+
+NO_MODEL: PoolingModel = None  # type: ignore[assignment]  # these messages need none
 
 
 def test_a_cancel_drops_queued_inputs_and_is_acknowledged() -> None:
@@ -21,7 +24,7 @@ def test_a_cancel_drops_queued_inputs_and_is_acknowledged() -> None:
     ours, theirs = multiprocessing.Pipe(duplex=True)
     pending = Pending()
     pending.extend([(1, Tokens([5])), (2, Tokens([6])), (3, Tokens([7]))])
-    assert _handle(theirs, (Msg.CANCEL, [1, 3]), pending)
+    assert _handle(theirs, (Msg.CANCEL, [1, 3]), pending, NO_MODEL)
     assert [key for key, _ in pending] == [2]
     assert ours.poll(5) and ours.recv() == (Msg.CANCELLED, None)
 
@@ -29,7 +32,7 @@ def test_a_cancel_drops_queued_inputs_and_is_acknowledged() -> None:
 def test_stop_ends_the_loop() -> None:
     """STOP makes the handler say the engine should stop."""
     _, theirs = multiprocessing.Pipe(duplex=True)
-    assert _handle(theirs, (Msg.STOP, None), Pending()) is False
+    assert _handle(theirs, (Msg.STOP, None), Pending(), NO_MODEL) is False
 
 
 @pytest.fixture(params=[True, False], ids=["reader", "no-reader"])

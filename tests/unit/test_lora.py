@@ -45,7 +45,14 @@ def vectors(model: PoolingModel, items: list[Tokens]) -> Any:
 
 @pytest.mark.parametrize(
     ("family", "options"),
-    [("bert", {}), ("bert", {"use_rslora": True, "r": 8, "lora_alpha": 4}), ("xlm-roberta", {"r": 2})],
+    [
+        ("bert", {}),
+        ("bert", {"use_rslora": True, "r": 8, "lora_alpha": 4}),
+        ("xlm-roberta", {"r": 2}),
+        ("modernbert", {"target_modules": ["Wqkv", "Wo", "Wi"]}),  # fused in its checkpoint already
+        # grouped queries: k and v narrower than q in the fused projection; gate and up fused too
+        ("qwen3", {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}),
+    ],
 )
 def test_an_adapters_vectors_match_peft_on_sentence_transformers(
     tiny: TinyFolders, tmp_path: Path, family: str, options: dict[str, Any]
