@@ -21,6 +21,7 @@ async def startup(request: Request) -> JSONResponse:
     """503 while starting or failed, 200 once ready; always the phase table."""
     svc = services(request)
     body = {**svc.startup.snapshot(), "in_flight": svc.in_flight - 1}  # less this probe
+    body["batch"] = svc.batches.progress() if svc.batches is not None else None  # the running Batch API job
     return JSONResponse(body, status_code=200 if svc.startup.started else 503)
 
 

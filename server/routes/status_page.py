@@ -82,6 +82,7 @@ def live_status(svc: Services) -> dict[str, Any]:
         "requests": _requests(metrics.requests),
         "queue_depth": _value(metrics.queue_depth),
         "inputs_in_flight": _value(metrics.in_flight),
+        "batch": svc.batches.progress() if svc.batches is not None else None,  # the running Batch API job
     }
 
 
