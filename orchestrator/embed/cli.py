@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None, transport: httpx.AsyncBaseTransport | No
         args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help (0) or a usage error (2)
         return int(exc.code or 0)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)  # a pod stopped: as Ctrl-C, what was written kept
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    if on_main_thread:  # a pod stopped: as Ctrl-C, what was written kept
+        previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return run(args, transport)
     except InputError as exc:
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None, transport: httpx.AsyncBaseTransport | No
     except KeyboardInterrupt:
         print("warmpool embed: interrupted; --resume continues", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def run(args: argparse.Namespace, transport: httpx.AsyncBaseTransport | None) -> int:
@@ -120,14 +124,17 @@ def run(args: argparse.Namespace, transport: httpx.AsyncBaseTransport | None) ->
 
 def resumed(sink: Sink, rows: Iterator[Row]) -> int:
     """The rows OUT holds already, checked against the input's first rows (consumed from `rows`)."""
-    existing = sink.existing()
-    for (index, out_id), row in zip(existing, rows, strict=False):
-        if index != row.index or out_id != row.id:
+    count = 0
+    for index, out_id in sink.existing():
+        row = next(rows, None)
+        if row is None or index != row.index or out_id != row.id:
+            expected = "no more rows" if row is None else f"row {row.index}, id {row.id!r}"
             raise InputError(
-                f"the output's row for input row {index} (id {out_id!r}) is not the input's next row "
-                f"({row.index}, id {row.id!r}): another input or --shard?"
+                f"the output's row for input row {index} (id {out_id!r}) is not the input's next ({expected}): "
+                "another input or --shard?"
             )
-    return len(existing)
+        count += 1
+    return count
 
 
 async def _embed(

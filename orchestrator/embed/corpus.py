@@ -82,6 +82,9 @@ class Corpus:
             import pyarrow.parquet as pq
 
             return int(pq.ParquetFile(self.path).metadata.num_rows)
+        if self.format == "jsonl":  # lines not blank, unparsed: what rows() will find, or an error there
+            with self.path.open("rb") as file:
+                return sum(1 for line in file if line.strip())
         return sum(1 for _ in self._records())
 
     def rows(self, shard: Shard = Shard()) -> Iterator[Row]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -25,8 +26,8 @@ NPY_HEADER_BYTES = 128  # room for any (rows, dim) shape, rewritten in place
 
 
 class Sink(Protocol):
-    def existing(self) -> list[tuple[int, Any]]:
-        """(input row, id) of each row already in OUT (a resumed run)."""
+    def existing(self) -> Iterator[tuple[int, Any]]:
+        """(input row, id) of each row already in OUT (a resumed run), read as they are met."""
         ...
 
     def write(self, rows: list[Row], vectors: np.ndarray) -> None: ...
@@ -61,13 +62,19 @@ def _refuse_existing(path: Path, resume: bool) -> None:
 class JsonlSink:
     def __init__(self, path: Path, resume: bool) -> None:
         _refuse_existing(path, resume)
-        self._existing: list[tuple[int, Any]] = []
+        self.path = path
         if path.exists():
-            self._existing = _jsonl_rows(path)
+            _cut_to_whole_lines(path)
         self.file: BinaryIO = path.open("ab")
 
-    def existing(self) -> list[tuple[int, Any]]:
-        return self._existing
+    def existing(self) -> Iterator[tuple[int, Any]]:
+        with self.path.open("rb") as file:
+            for number, line in enumerate(file, 1):
+                try:
+                    record = orjson.loads(line)
+                    yield int(record["row"]), record.get("id")
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                    raise InputError(f"{self.path}: line {number} is no row of warmpool embed's output") from None
 
     def write(self, rows: list[Row], vectors: np.ndarray) -> None:
         lines = b"".join(
@@ -92,22 +99,15 @@ def _record(row: Row, vector: np.ndarray) -> dict[str, Any]:
     return record
 
 
-def _jsonl_rows(path: Path) -> list[tuple[int, Any]]:
-    """The rows of an interrupted JSONL output; a last line cut short is cut off the file."""
-    found: list[tuple[int, Any]] = []
+def _cut_to_whole_lines(path: Path) -> None:
+    """An interrupted JSONL output: a last line cut short (killed mid-write) is cut off the file."""
     whole = 0
     with path.open("rb") as file:
         for line in file:
             if not line.endswith(b"\n"):
                 break
-            try:
-                record = orjson.loads(line)
-                found.append((int(record["row"]), record.get("id")))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise InputError(f"{path}: line {len(found) + 1} is no row of warmpool embed's output") from None
             whole += len(line)
     os.truncate(path, whole)
-    return found
 
 
 class ParquetSink:
@@ -126,15 +126,13 @@ class ParquetSink:
     def _part_files(self) -> list[Path]:
         return sorted(self.parts.glob("part-*.parquet"))
 
-    def existing(self) -> list[tuple[int, Any]]:
+    def existing(self) -> Iterator[tuple[int, Any]]:
         import pyarrow.parquet as pq
 
-        found: list[tuple[int, Any]] = []
         for part in self._part_files():
             table = pq.read_table(part, columns=[c for c in ("row", "id") if c in pq.read_schema(part).names])
             ids = table.column("id").to_pylist() if "id" in table.column_names else [None] * table.num_rows
-            found += zip(table.column("row").to_pylist(), ids, strict=True)
-        return found
+            yield from zip(table.column("row").to_pylist(), ids, strict=True)
 
     def write(self, rows: list[Row], vectors: np.ndarray) -> None:
         self.buffer += zip(rows, vectors, strict=True)
@@ -167,13 +165,24 @@ class ParquetSink:
         parts = self._part_files()
         temporary = self.path.with_name(f".{self.path.name}.tmp")
         if parts:
-            with pq.ParquetWriter(temporary, pq.read_schema(parts[0])) as writer:
+            # parts differ where only some chunks had ids (a column missing, or all null): one schema for all
+            schema = pa.unify_schemas([pq.read_schema(part) for part in parts], promote_options="permissive")
+            with pq.ParquetWriter(temporary, schema) as writer:
                 for part in parts:  # part by part: the corpus is never in memory at once
-                    writer.write_table(pq.read_table(part))
+                    writer.write_table(_conformed(pq.read_table(part), schema))
         else:  # an empty shard: an empty table
             pq.write_table(pa.table({"row": pa.array([], pa.int64())}), temporary)
         os.replace(temporary, self.path)
         shutil.rmtree(self.parts)
+
+
+def _conformed(table: Any, schema: Any) -> Any:
+    import pyarrow as pa
+
+    for name in schema.names:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, schema.field(name).type))
+    return table.select(schema.names).cast(schema)
 
 
 def _part_name(number: int) -> str:
@@ -189,8 +198,8 @@ class NpySink:
         self.rows = 0
         self.dim: int | None = None
 
-    def existing(self) -> list[tuple[int, Any]]:
-        return []
+    def existing(self) -> Iterator[tuple[int, Any]]:
+        return iter(())
 
     def write(self, rows: list[Row], vectors: np.ndarray) -> None:
         if self.dim is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -171,3 +172,9 @@ def test_the_orchestrator_hands_the_embed_word_to_the_cli(capsys: pytest.Capture
     assert orchestrator_main(["embed", "--help"]) == 0
     assert "Exit codes" in capsys.readouterr().out
     assert orchestrator_main(["embed"]) == cli.EXIT_USAGE  # no input: argparse's usage error
+
+
+def test_the_sigterm_handler_is_the_callers_again_after_a_run(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    assert run([str(write_corpus(tmp_path, ".jsonl")), "-o", str(tmp_path / "o.jsonl")], fake) == cli.EXIT_DONE
+    assert signal.getsignal(signal.SIGTERM) == before

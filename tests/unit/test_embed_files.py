@@ -93,7 +93,7 @@ def test_jsonl_resume_drops_a_line_cut_short(tmp_path: Path) -> None:
     sink.flush()
     with out.open("ab") as file:
         file.write(b'{"row": 3, "id": "doc-3", "embed')  # killed mid-write
-    assert sinks.open_sink(out, resume=True).existing() == [(i, f"doc-{i}") for i in range(3)]
+    assert list(sinks.open_sink(out, resume=True).existing()) == [(i, f"doc-{i}") for i in range(3)]
     assert out.read_bytes().endswith(b"]}\n")
 
 
@@ -104,13 +104,25 @@ def test_parquet_parts_of_an_interrupted_run_are_resumed_and_joined(tmp_path: Pa
     first.flush()  # interrupted here: the parts stay, OUT is not there yet
     assert not out.exists()
     second = sinks.open_sink(out, resume=True)
-    assert second.existing() == [(i, f"doc-{i}") for i in range(3)]
+    assert list(second.existing()) == [(i, f"doc-{i}") for i in range(3)]
     second.write(*rows(3, 2))
     second.close()
     table = pq.read_table(out)
     assert table.column("row").to_pylist() == list(range(5))
     assert np.array_equal(np.array(table.column("embedding").to_pylist()), np.arange(20).reshape(5, 4))
     assert not (tmp_path / "out.parquet.parts").exists()
+
+
+def test_parquet_parts_with_and_without_ids_join_into_one_table(tmp_path: Path) -> None:
+    """A JSONL input whose first rows have no id: the first part has no id column, the next has one."""
+    out = tmp_path / "out.parquet"
+    sink = sinks.open_sink(out, resume=False)
+    no_ids, vectors = rows(0, 2)
+    sink.write([Row(r.index, None, r.text) for r in no_ids], vectors)
+    sink.flush()
+    sink.write(*rows(2, 2))
+    sink.close()
+    assert pq.read_table(out).column("id").to_pylist() == [None, None, "doc-2", "doc-3"]
 
 
 def test_an_existing_output_is_refused_without_resume(tmp_path: Path) -> None:
