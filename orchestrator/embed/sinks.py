@@ -55,7 +55,8 @@ def open_sink(path: Path, resume: bool) -> Sink:
 
 
 def _refuse_existing(path: Path, resume: bool) -> None:
-    if not resume and path.exists():
+    """An output with rows is not overwritten by accident (an empty one: a run that failed at once)."""
+    if not resume and path.exists() and path.stat().st_size > 0:
         raise InputError(f"{path} exists: --resume continues it, or remove it")
 
 
@@ -115,7 +116,7 @@ class ParquetSink:
         _refuse_existing(path, resume)
         self.path = path
         self.parts = path.with_name(path.name + ".parts")
-        if not resume and self.parts.exists():
+        if not resume and any(self.parts.glob("part-*.parquet")):
             raise InputError(f"{self.parts} holds an interrupted run: --resume continues it, or remove it")
         self.parts.mkdir(exist_ok=True)
         if path.exists():  # a complete output, continued: it becomes the first part

@@ -141,6 +141,16 @@ def test_resume_after_a_failed_run_gives_each_row_once(tmp_path: Path, suffix: s
     assert [r["embedding"] for r in rows] == [vector(r["text"]) for r in RECORDS]  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".npy"])
+def test_a_run_that_wrote_nothing_can_be_run_again_without_resume(tmp_path: Path, suffix: str) -> None:
+    def unreachable(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    args = [str(write_corpus(tmp_path, ".jsonl")), "-o", str(tmp_path / f"o{suffix}"), "--retries", "0"]
+    assert run(args, unreachable) == cli.EXIT_FAILED
+    assert run(args, fake) == cli.EXIT_DONE
+
+
 def test_resume_refuses_an_output_of_another_shard(tmp_path: Path) -> None:
     corpus = str(write_corpus(tmp_path, ".jsonl"))
     assert run([corpus, "-o", str(tmp_path / "o.jsonl"), "--shard", "0/2"], fake) == cli.EXIT_DONE

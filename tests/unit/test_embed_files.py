@@ -126,7 +126,7 @@ def test_parquet_parts_with_and_without_ids_join_into_one_table(tmp_path: Path) 
 
 
 def test_an_existing_output_is_refused_without_resume(tmp_path: Path) -> None:
-    (tmp_path / "out.jsonl").write_bytes(b"")
+    (tmp_path / "out.jsonl").write_bytes(b'{"row": 0, "embedding": [1.0]}\n')
     with pytest.raises(InputError, match="--resume"):
         sinks.open_sink(tmp_path / "out.jsonl", resume=False)
 
