@@ -20,6 +20,10 @@ from orchestrator import platforms
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["embed"]:  # the corpus client: none of the serving path imported
+        from orchestrator.embed.cli import main as embed
+
+        return embed(args[1:])
     if "-h" in args or "--help" in args:
         from orchestrator.cli_help import render
 

@@ -99,6 +99,7 @@ def render() -> str:
     fields = Settings.model_fields
     lines = [
         "usage: warmpool [--<setting> VALUE ...]",
+        "       warmpool embed IN -o OUT [...]   (a corpus embedded through a server: warmpool embed --help)",
         "",
         "A pooling-model server that is ready soon after a (re)start. Every setting is a flag and an",
         "environment variable; flags win over variables, which win over the defaults.",

@@ -7,6 +7,7 @@ layering rules statically).
 - an engine module loads nothing of the HTTP side: no web stack, no tokenizers, no metrics
   client, nothing under `orchestrator` or `server`.
 - a model of a native family loads and runs without transformers.
+- `warmpool embed` is a client: nothing of the server, the engine, torch or the web stack.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def test_the_http_process_never_imports_torch() -> None:
     )
     assert {"torch", "transformers"} & loaded == set()
     assert "fastapi" in loaded  # the check sees what was imported
+
+
+def test_the_embed_cli_loads_nothing_of_the_server_or_engine() -> None:
+    loaded = loaded_packages("import orchestrator.__main__, orchestrator.embed.cli")
+    assert ({"torch", "transformers", "engine", *HTTP_SIDE} - {"orchestrator"}) & loaded == set()
+    assert {"httpx", "orchestrator"} <= loaded  # the check sees what was imported
 
 
 def test_engine_modules_load_nothing_of_the_http_side() -> None:

@@ -6,6 +6,7 @@ updated page is saved under $WARMPOOL_TEST_ARTEFACTS (or the test's tmp path) an
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,8 @@ FIGURES = """({refreshes: Number(document.body.dataset.refreshes), marker: windo
 @pytest.fixture(scope="module")
 def guarded_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("logs") / "status-page.log"
-    with serving(model_dir, log, api_key=API_KEY, engines=1) as proc:
+    batches = tmp_path_factory.mktemp("batches")
+    with serving(model_dir, log, api_key=API_KEY, engines=1, batch_dir=batches) as proc:
         proc.client.headers["authorization"] = f"Bearer {API_KEY}"
         yield proc
 
@@ -101,3 +103,24 @@ def test_the_page_follows_the_request_counters_without_reloading(
     shot = page.screenshot(folder / "status-page.png")
     print(f"status page screenshot: {shot}")
     assert shot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_a_running_batch_jobs_progress_is_shown(guarded_server: ServerProcess, page: HeadlessChromium) -> None:
+    """The batch card shows the running job's lines done of its total, and its id and rate beneath."""
+    texts = [[f"t {i} {j}" for j in range(16)] for i in range(120)]
+    lines = [
+        {"custom_id": f"b{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": t}}
+        for i, t in enumerate(texts)
+    ]
+    data = "".join(json.dumps(line) + "\n" for line in lines)
+    upload = guarded_server.post("/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"}).json()
+    body = {"input_file_id": upload["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"}
+    batch = guarded_server.post("/v1/batches", json=body).json()
+    card = "[document.getElementById('batch').textContent, document.getElementById('batch-rate').textContent]"
+    try:
+        done, rate = wait_for(
+            lambda: (shown := page.evaluate(card))[0] not in ("none", "0 / 120") and shown, 30, "the job on the page"
+        )
+    finally:
+        guarded_server.post(f"/v1/batches/{batch['id']}/cancel")
+    assert done.endswith(" / 120") and batch["id"] in rate and "lines/s" in rate

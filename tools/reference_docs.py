@@ -19,6 +19,7 @@ from common.native import NATIVE_FAMILIES
 from common.settings import Settings
 from common.startup import StartupState
 from orchestrator.cli_help import GROUPS, default_text, render
+from orchestrator.embed.cli import parser as embed_parser
 from server import kinds
 from server.core.services import Services
 from server.http.app import create_app
@@ -51,7 +52,11 @@ def settings_page() -> str:
 
 
 def cli_page() -> str:
-    return GENERATED + "# `warmpool --help`\n\n```text\n" + render() + "```\n"
+    embed = embed_parser().format_help()
+    return (
+        GENERATED + "# `warmpool --help`\n\n```text\n" + render() + "```\n\n"
+        "# `warmpool embed --help`\n\n```text\n" + embed + "```\n"
+    )
 
 
 def metrics_page() -> str:

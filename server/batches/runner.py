@@ -15,11 +15,13 @@ import contextlib
 import contextvars
 import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from server.batches import lines
 from server.batches.endpoints import ENDPOINTS, Endpoint
+from server.batches.progress import RunningJob
 from server.batches.states import StateError
 from server.batches.store import BatchStore, Owner, Progress
 from server.core.internal import answer_body
@@ -44,6 +46,12 @@ class BatchRunner:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._stops: dict[str, asyncio.Future[None]] = {}  # running job -> done when it is to stop
+        self.running: RunningJob | None = None  # the job whose lines run now
+
+    def progress(self) -> dict[str, Any] | None:
+        """The running job's progress (None when none runs): /status and /health/startup show it."""
+        running = self.running
+        return None if running is None else running.as_dict()
 
     def start(self) -> None:
         """Run (and resume) jobs from now on: at the server's start, and at the first batch request."""
@@ -94,6 +102,8 @@ class BatchRunner:
             await self._fail(batch_id, f"the batch folder could not be written: {exc}")
         finally:
             self._stops.pop(batch_id, None)
+            self.running = None
+            self._show_progress()
 
     async def _drive(self, batch_id: str, stop: asyncio.Future[None]) -> None:
         off_loop, store = self.svc.off_loop, self.store
@@ -114,6 +124,9 @@ class BatchRunner:
         whose = await off_loop(store.owner, batch_id)
         progress = await off_loop(store.reopen, batch_id)
         log.info("batch_running", batch=batch_id, line=progress.next_line, total=found.total)
+        failed_before = record["request_counts"]["failed"]
+        running = self.running = RunningJob(batch_id, found.total, progress.next_line, failed_before)
+        self._show_progress()
         while progress.next_line < found.total and not stop.done():
             if time.time() > record["expires_at"]:
                 await self._expired(batch_id)
@@ -132,12 +145,21 @@ class BatchRunner:
             await off_loop(store.append, batch_id, progress, output, errors, ok, failed)
             self.svc.metrics.batch_lines.labels(state="completed").inc(ok)
             self.svc.metrics.batch_lines.labels(state="failed").inc(failed)
+            running.advance(ok, failed)
+            self._show_progress()
         try:
             await off_loop(store.move, batch_id, "finalizing")
         except StateError:  # cancelled meanwhile
             await self._cancelled(batch_id)
             return
         await self._completed(batch_id)
+
+    def _show_progress(self) -> None:
+        """The running job's lines as gauges (0 when none runs); their rate is warmpool_batch_lines_total's."""
+        running = self.running
+        gauge = self.svc.metrics.batch_running_lines
+        gauge.labels(count="total").set(0 if running is None else running.total)
+        gauge.labels(count="done").set(0 if running is None else running.done)
 
     @property
     def group_size(self) -> int:

@@ -196,6 +196,12 @@ class Metrics:
             ["state"],
             registry=registry,
         )
+        self.batch_running_lines = Gauge(
+            "warmpool_batch_running_lines",
+            "The running Batch API job's lines: its total, and those answered so far (0 when no job runs)",
+            ["count"],
+            registry=registry,
+        )
 
         # the exact result cache (server/core/cached_run.py)
         self.cache_hits = Counter(

@@ -21,7 +21,12 @@ async def live() -> JSONResponse:
 async def startup(request: Request) -> JSONResponse:
     """503 while starting or failed, 200 once ready; always the phase table."""
     svc = services(request)
-    body = {**svc.startup.snapshot(), "in_flight": svc.in_flight - 1, "cache": cache_stats(svc.cache)}
+    body = {
+        **svc.startup.snapshot(),
+        "in_flight": svc.in_flight - 1,
+        "cache": cache_stats(svc.cache),
+    }  # less this probe
+    body["batch"] = svc.batches.progress() if svc.batches is not None else None  # the running Batch API job
     return JSONResponse(body, status_code=200 if svc.startup.started else 503)
 
 

@@ -87,6 +87,7 @@ def live_status(svc: Services) -> dict[str, Any]:
         "cache": cache_stats(svc.cache),
         # each model's LoRA adapters: state, memory_bytes, loaded_at, last_used
         "adapters": {name: m.adapters.describe() for name, m in list(svc.models.items()) if m.adapters},
+        "batch": svc.batches.progress() if svc.batches is not None else None,  # the running Batch API job
     }
 
 

@@ -223,3 +223,27 @@ def test_an_upload_over_the_file_limit_is_a_413(client: OpenAI) -> None:
     with pytest.raises(APIStatusError) as refused:
         client.files.create(file=("huge.jsonl", io.BytesIO(b"x" * (FILE_LIMIT + 1))), purpose="batch")
     assert refused.value.status_code == 413 and refused.value.code == "file_too_large"
+
+
+def test_a_running_jobs_progress_is_on_status_startup_and_metrics(
+    client: OpenAI, batch_server: InProcessServer
+) -> None:
+    lines = [embedding_line(f"p{i}", [f"text {i} {j}" for j in range(16)]) for i in range(120)]
+    batch = submitted(client, jsonl(lines))
+
+    wait_for(lambda: started(client, batch.id), DONE_TIMEOUT_S, "the job's first group")
+    shown = batch_server.get("/status").json()["batch"]
+    on_startup = batch_server.get("/health/startup").json()["batch"]
+    metrics = batch_server.get("/metrics").text
+    client.batches.cancel(batch.id)
+    finished(client, batch.id)
+    assert shown["id"] == on_startup["id"] == batch.id and shown["total"] == on_startup["total"] == 120
+    assert 0 < shown["done"] < 120 and shown["lines_per_s"] > 0 and shown["eta_s"] > 0
+    assert 'warmpool_batch_running_lines{count="total"} 120.0' in metrics
+
+
+def test_no_progress_is_shown_once_the_job_ends(client: OpenAI, batch_server: InProcessServer) -> None:
+    finished(client, submitted(client, jsonl([embedding_line("only", "one text")])).id)
+    assert batch_server.get("/status").json()["batch"] is None
+    assert batch_server.get("/health/startup").json()["batch"] is None
+    assert 'warmpool_batch_running_lines{count="total"} 0.0' in batch_server.get("/metrics").text
