@@ -11,7 +11,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+import torch
 
+from engine.runtime.device import cpu_has, cpu_has_int8
 from tests.app.test_embeddings import FITTING, LONG, vectors
 from tests.server_process import Served
 from warmpool.ray import Embedder
@@ -89,6 +91,8 @@ def test_an_unknown_prompt_name_lists_the_models_prompts(model_dir: Path) -> Non
 def test_reduced_precisions_run_on_the_engines_precision(embedder: Embedder, model_dir: Path, precision: str) -> None:
     """The engine's own placement: int8 projections or bfloat16 compute (where the CPU has the instructions),
     near the float32 vectors."""
+    if not (cpu_has_int8() if precision == "int8" else cpu_has(torch.bfloat16)):
+        pytest.skip(f"this CPU has no {precision} instructions (the engine refuses it: another test's matter)")
     reduced = Embedder(model_dir, precision=precision, compile="off")  # type: ignore[arg-type]
     assert reduced.embedder.model.placement.precision == precision
     batch = {"text": np.asarray(TEXTS[:10])}
