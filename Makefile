@@ -80,8 +80,8 @@ test-app: $(STAMP) $(MODEL_DIR)/config.json
 lint: lint-code lint-deploy
 
 lint-code: $(STAMP)
-	$(PY) -m ruff check common engine orchestrator server tools tests bench
-	$(PY) -m ruff format --check common engine orchestrator server tools tests bench
+	$(PY) -m ruff check common engine orchestrator server tools tests bench warmpool
+	$(PY) -m ruff format --check common engine orchestrator server tools tests bench warmpool
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 

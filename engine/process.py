@@ -20,7 +20,7 @@ from common.m3 import REFUSED as M3_REFUSED
 from common.modelfiles import weight_files
 from common.modelfolder import read_model_folder
 from common.wire import EngineSpec, Keyed, Msg, send
-from engine.compiling.compilation import Compilation
+from engine.compiling.compilation import Compilation, begin
 from engine.heads import answer
 from engine.layers.checkpoint import refuse_pickles
 from engine.runtime.batching import GROUP_TOKENS, Pending, split_by_length, split_by_urgency, split_packed
@@ -111,28 +111,14 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
 
 
 def _compile(conn: Connection, model: PoolingModel, spec: EngineSpec) -> tuple[Compilation | None, dict[str, Any]]:
-    """The engine's compilation, started (engine/compiling/compilation.py), and its detail for READY; where there
-    is none, None and why not. Under WARMPOOL_COMPILE=required, finished: the engine is not ready before."""
-    if spec.compile == "off":
-        return None, {"mode": "eager", "reason": "WARMPOOL_COMPILE=off"}
-    text_only = model.info.vision is None  # the compiled graph is a text forward: a CLIP's towers run eager
-    if not model.packed or not text_only or model.placement.device.type != "cpu" or spec.compile_cache is None:
-        reason = "compiled engines are for native text families on the CPU"
-        if spec.compile == "required":
-            raise ModelError(f"WARMPOOL_COMPILE=required, but {reason} (this one: {_kind(model)})")
-        return None, {"mode": "eager", "reason": reason}
-    compilation = Compilation(model, spec.compile_cache, spec.compile_timeout_s)
-    compilation.start()
-    if spec.compile == "required" and compilation.pending:
-        send(conn, (Msg.COMPILE, compilation.detail))
-        compilation.wait()
-    if spec.compile == "required" and compilation.detail["mode"] != "compiled":
-        raise ModelError(f"WARMPOOL_COMPILE=required, but {compilation.detail.get('reason')}")
-    return compilation, compilation.detail
-
-
-def _kind(model: PoolingModel) -> str:
-    return f"{'native' if model.packed else 'transformers'} on {model.placement.device.type}"
+    """The engine's compilation (engine/compiling/compilation.py's begin); a wait for it said on the pipe."""
+    return begin(
+        model,
+        spec.compile,
+        spec.compile_cache,
+        spec.compile_timeout_s,
+        lambda detail: send(conn, (Msg.COMPILE, detail)),
+    )
 
 
 def serve_batches(

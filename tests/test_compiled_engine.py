@@ -1,7 +1,7 @@
 """Compiled engines in servers, built by the real compile worker (each family's compiled numbers:
 test_compiled_forward.py): a server switches to it under load without a wrong or failed answer, loads it
 from the cache before its first request on the next start, and with WARMPOOL_COMPILE=required is not
-ready until compiled."""
+ready until compiled; warmpool.ray's Embedder runs the cached artifact."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from server.core.outputs import normalize
 from tests.server_process import ServerProcess, serving, wait_for
 from tests.test_compiled_forward import TEXTS, eager_answers
 from tests.tiny_models import TinyFolders
+from warmpool.ray import Embedder
 
 pytestmark = pytest.mark.slow
 
@@ -120,6 +121,20 @@ def test_a_warm_cache_serves_compiled_from_the_first_request(tiny: TinyFolders, 
         embed(proc.client, TEXTS)
         both = wait_for(lambda: len((p := proc.phase("compile"))["detail"]["engines"]) == 2 and p, 60, "engine 1")
         assert both["state"] == "done" and {d["cache"] for d in both["detail"]["engines"].values()} == {"hit"}, both
+
+
+def test_the_ray_adapter_runs_a_cached_artifact_from_its_first_batch(tiny: TinyFolders, cache: Path) -> None:
+    """warmpool.ray's Embedder with compile=auto on the servers' cache: the artifact loaded before its
+    first batch (a hit), the eager engine's vectors. The artifact is built here if the cold test did not run."""
+    folder = tiny["gte"]
+    key = cache_key(folder, "float32")
+    if not (cache / key).is_dir():
+        build(folder, "float32", cache / key)
+    embedder = Embedder(folder, compile="auto", compile_cache=cache)
+    detail = embedder.embedder.compile_detail
+    assert (detail["mode"], detail["cache"]) == ("compiled", "hit"), detail
+    out = embedder({"text": np.asarray(TEXTS)})
+    np.testing.assert_allclose(normalize(out["embedding"]), normalize(eager_answers(folder)), atol=1e-5, rtol=0)
 
 
 def zeroed_copy(cache: Path, folder: Path, into: Path, manifest: bool = False) -> Path:

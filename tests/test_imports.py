@@ -6,8 +6,9 @@ layering rules statically).
 - CUDA is touched only inside the engine, after the fork, when its placement asks;
 - an engine module loads nothing of the HTTP side: no web stack, no tokenizers, no metrics
   client, nothing under `orchestrator` or `server`.
-- a model of a native family loads and runs without transformers.
-- `warmpool embed` is a client: nothing of the server, the engine, torch or the web stack.
+- a model of a native family loads and runs without transformers;
+- `warmpool embed` is a client: nothing of the server, the engine, torch or the web stack;
+- the Ray adapter (warmpool.ray) loads the engine and the tokenizer, nothing of the web stack.
 """
 
 from __future__ import annotations
@@ -87,6 +88,15 @@ def test_the_transformers_fallback_loads_only_what_transformers_needs(module: st
     loaded = loaded_packages(f"import {module}")
     assert "transformers" in loaded
     assert set(HTTP_SIDE) & loaded <= ALLOWED[module]
+
+
+def test_the_ray_adapter_loads_the_engine_and_tokenizer_only() -> None:
+    """warmpool.ray in a Ray actor: the engine, torch and tokenizers, no web stack, metrics client,
+    orchestrator, transformers, nor Ray itself (map_batches needs only the class)."""
+    loaded = loaded_packages("import warmpool.ray")
+    assert {"engine", "torch", "tokenizers"} <= loaded  # the check sees what was imported
+    forbidden = {"fastapi", "starlette", "uvicorn", "prometheus_client", "orchestrator", "transformers", "ray"}
+    assert forbidden & loaded == set()
 
 
 FAKE_CUDA = """

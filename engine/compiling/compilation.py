@@ -21,11 +21,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from common.folderjson import ModelError
 from common.wire import Tokens
 from engine.compiling.artifacts import crashed_loading, loading, quarantine
 from engine.compiling.package import CompiledForward, CompileError, cache_key
@@ -37,6 +39,38 @@ AGREE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 1e-1, "int8": 1e-1}
 CHECK_LENGTHS = (5, 11)
 ROOT = str(Path(__file__).resolve().parents[2])  # where `engine` is importable from
 UNPACKED = ".unpacked"  # in the cache: each engine's loaded packages, in a folder named by its pid
+
+
+def begin(
+    model: PoolingModel,
+    mode: str,
+    cache: Path | None,
+    timeout_s: float,
+    waiting: Callable[[dict[str, Any]], None] = lambda detail: None,
+) -> tuple[Compilation | None, dict[str, Any]]:
+    """A model's compilation under a WARMPOOL_COMPILE `mode` (auto, off, required), started; where there is
+    none, None and why not. Under `required`, finished (`waiting` told first when it must be built): the
+    caller is not ready before. ModelError where `required` cannot be met."""
+    if mode == "off":
+        return None, {"mode": "eager", "reason": "WARMPOOL_COMPILE=off"}
+    text_only = model.info.vision is None  # the compiled graph is a text forward: a CLIP's towers run eager
+    if not model.packed or not text_only or model.placement.device.type != "cpu" or cache is None:
+        reason = "compiled engines are for native text families on the CPU"
+        if mode == "required":
+            raise ModelError(f"WARMPOOL_COMPILE=required, but {reason} (this one: {_kind(model)})")
+        return None, {"mode": "eager", "reason": reason}
+    compilation = Compilation(model, cache, timeout_s)
+    compilation.start()
+    if mode == "required" and compilation.pending:
+        waiting(compilation.detail)
+        compilation.wait()
+    if mode == "required" and compilation.detail["mode"] != "compiled":
+        raise ModelError(f"WARMPOOL_COMPILE=required, but {compilation.detail.get('reason')}")
+    return compilation, compilation.detail
+
+
+def _kind(model: PoolingModel) -> str:
+    return f"{'native' if model.packed else 'transformers'} on {model.placement.device.type}"
 
 
 class Compilation:
