@@ -19,13 +19,14 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import structlog
 
 from common.wire import Keyed, Msg, Tokens
 from server.core.engine_adapters import AdapterFolders, EngineAdapters
+from server.core.engine_events import BatchStats, EngineEvents
 from server.core.engine_pipe import EnginePipe
 
 
@@ -85,30 +86,6 @@ class _Entry:
     @property
     def tokens(self) -> int:
         return len(self.request.items[self.index][1].input_ids)
-
-
-@dataclass
-class BatchStats:
-    batch_size: int
-    batch_tokens: int
-    inference_ms: float
-
-
-class EngineEvents(Protocol):
-    """What the engine client reports; called on its reader and watchdog threads."""
-
-    def batch_done(self, stats: BatchStats) -> None: ...
-
-    def engine_lost(self, slot: int) -> None: ...
-
-    def engine_stalled(self, slot: int, seconds: float) -> None:
-        """Work outstanding and no answer for `seconds`: the engine should be replaced."""
-
-    def engines_stalled(self, slots: list[int], every: bool) -> None:
-        """The engines now taken for stalled changed to `slots`; `every`: all attached ones are."""
-
-    def engine_compile(self, slot: int, detail: dict[str, Any]) -> None:
-        """Engine `slot`'s compiled forward changed state (engine/compiling/compilation.py's detail)."""
 
 
 class EngineClient:

@@ -17,7 +17,8 @@ from common.startup import StartupState
 from server.core.adapters import AdapterSet
 from server.core.admission import Admission
 from server.core.cached_run import ResultCache
-from server.core.engine_client import BatchStats, EngineClient
+from server.core.engine_client import EngineClient
+from server.core.engine_events import BatchStats
 from server.http.errors import APIError
 from server.http.metrics import Metrics
 from server.http.tracing import Tracing

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from common.wire import Keyed, Msg, Tokens, send
-from server.core.engine_client import BatchStats, EngineClient, EngineFailed, EngineUnavailable, Outcome
+from server.core.engine_client import EngineClient, EngineFailed, EngineUnavailable, Outcome
+from server.core.engine_events import BatchStats
 
 DEADLINE_S = 2.0  # any single wait; everything here takes milliseconds
 SCENARIO_S = 4.0  # a whole test, so a hang fails instead of stalling the run
