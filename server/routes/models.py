@@ -73,6 +73,9 @@ def model_list(request: Request, owner: str) -> dict[str, object]:
                 {**served, "id": a.name, "root": str(a.folder), "parent": name, **a.card()}
                 for a in model.adapters.entries.values()
             ]
+    tenant = getattr(request.state, "tenant", None)
+    if tenant is not None and tenant.models is not None:  # a tenant sees the models it may use
+        cards = [card for card in cards if card["id"] in tenant.models]
     return {"object": "list", "data": cards}
 
 

@@ -68,6 +68,8 @@ class TenantLimits:
         # a second's requests as burst (at least one); a minute's tokens
         self.requests = TokenBucket(rps, max(rps, 1.0), clock) if rps else None
         self.tokens = TokenBucket(tpm / 60.0, float(tpm), clock) if tpm else None
+        daily = quota.batch_tokens_per_day  # a day's tokens, refilled evenly: a job runs at its daily rate
+        self.batch_tokens = TokenBucket(daily / 86400.0, float(daily), clock) if daily else None
         self.in_flight = 0
 
     def admit(self) -> Refusal | None:
@@ -85,18 +87,22 @@ class TenantLimits:
     def release(self) -> None:
         self.in_flight -= 1
 
-    def charge(self, tokens: int) -> Refusal | None:
-        """Once its tokens are counted: the request's tokens taken, or why not."""
-        if self.tokens is None:
+    def charge(self, tokens: int, batch: bool = False) -> Refusal | None:
+        """Once its tokens are counted: the request's tokens taken, or why not. A batch job's line
+        takes them from batch_tokens_per_day where the tenant has one."""
+        if batch and self.batch_tokens is not None:
+            bucket, limit, per, reason = self.batch_tokens, self.quota.batch_tokens_per_day, "day", "batch_tokens"
+        elif self.tokens is not None:
+            bucket, limit, per, reason = self.tokens, self.quota.tokens_per_minute, "minute", "tokens"
+        else:
             return None
-        wait = self.tokens.take(tokens)
+        wait = bucket.take(tokens)
         if not wait:
             return None
-        limit = self.quota.tokens_per_minute
         if math.isinf(wait):
-            refusal = self._refusal("tokens", f"this request's {tokens} tokens exceed {limit} tokens per minute", 60.0)
+            refusal = self._refusal(reason, f"this request's {tokens} tokens exceed {limit} tokens per {per}", 60.0)
             return dataclasses.replace(refusal, never=True)
-        return self._refusal("tokens", f"{tokens} tokens would exceed {limit} tokens per minute", wait)
+        return self._refusal(reason, f"{tokens} tokens would exceed {limit} tokens per {per}", wait)
 
     def _refusal(self, reason: str, message: str, wait: float) -> Refusal:
         headers = {"retry-after": str(max(1, math.ceil(wait)))}

@@ -64,11 +64,12 @@ class TenantPass:
     name: str
     models: frozenset[str] | None  # None: every model
     limits: TenantLimits
+    batch: bool = False  # a Batch API job's line: charged to batch_tokens_per_day where there is one
 
     def charge(self, tokens: int, metrics: Metrics) -> None:
-        """The request's tokens against the tenant's tokens per minute, before the engine: 429 past it
-        (`tokens_exceed_limit` for a request larger than a whole minute's tokens: waiting will not help)."""
-        refusal = self.limits.charge(tokens)
+        """The request's tokens against the tenant's tokens per minute (or per day), before the engine:
+        429 past it (`tokens_exceed_limit` for more than the whole bucket: waiting will not help)."""
+        refusal = self.limits.charge(tokens, self.batch)
         if refusal is not None:
             metrics.tenant_rejections.labels(tenant=self.name, reason=refusal.reason).inc()
             code = "tokens_exceed_limit" if refusal.never else "rate_limit_exceeded"
@@ -77,14 +78,14 @@ class TenantPass:
 
 
 def pass_for(keys: KeySource | None, tenant: str | None) -> TenantPass | None:
-    """A tenant's pass by its name, as its key would give it now (a Batch API job's lines run with
-    their creator's); None where no keys file limits it. LookupError: the tenant is no longer there."""
+    """A Batch API job's lines' pass: its creator's tenant as its key would give it now; None where no
+    keys limit it. LookupError: the tenant is no longer there."""
     if keys is None or tenant is None:
         return None
     found = keys.ring.tenants.get(tenant)
     if found is None:
         raise LookupError(tenant)
-    return TenantPass(found.name, found.models, keys.limits[found.name])
+    return TenantPass(found.name, found.models, keys.limits[found.name], batch=True)
 
 
 def shape_of(path: str) -> Shape:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 SCOPES = frozenset({"inference", "admin", "metrics"})
-QUOTA_FIELDS = ("requests_per_second", "tokens_per_minute", "concurrent")
+QUOTA_FIELDS = ("requests_per_second", "tokens_per_minute", "concurrent", "batch_tokens_per_day")
 TENANT_FIELDS = frozenset({"keys", "scopes", "models", "quota"})
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a metrics label and a log field as it is
 HASHED = re.compile(r"^sha256:([0-9a-fA-F]{64})$")
@@ -30,6 +30,7 @@ class Quota:
     requests_per_second: float | None = None
     tokens_per_minute: int | None = None
     concurrent: int | None = None
+    batch_tokens_per_day: int | None = None  # the Batch API's lines' (else they count in tokens_per_minute)
 
 
 @dataclass(frozen=True)

@@ -234,3 +234,11 @@ def test_traces_carry_the_tenant_never_the_key(tenant_server: InProcessServer, c
 def test_status_shows_the_keys_file(tenant_server: InProcessServer) -> None:
     keys = tenant_server.client.get("/status").json()["keys"]
     assert keys["tenants"] == 5 and keys["error"] is None
+
+
+def test_models_lists_only_the_tenants_models(tenant_server: InProcessServer) -> None:
+    """`narrow` may use `another-model` only: the served model is not listed to it, and is to `search`."""
+    listed = tenant_server.client.get("/v1/models", headers={"authorization": f"Bearer {NARROW}"}).json()["data"]
+    assert listed == []
+    every = tenant_server.client.get("/v1/models", headers={"authorization": f"Bearer {SEARCH}"}).json()["data"]
+    assert len(every) == 1

@@ -65,7 +65,7 @@ def test_a_model_list_limits_the_tenant() -> None:
 @pytest.mark.parametrize(
     ("quota", "words"),
     [
-        ({"batch_tokens_per_day": 10}, "not enforced"),
+        ({"tokens_per_day": 10}, "not enforced"),
         ({"requests_per_second": 0}, "positive number"),
         ({"concurrent": 1.5}, "positive integer"),
         ({"tokens_per_minute": True}, "positive integer"),
@@ -274,3 +274,14 @@ def test_the_kubernetes_example_loads() -> None:
     manifest = yaml.safe_load((Path(__file__).parents[2] / "deploy/kubernetes/api-keys-secret.yaml").read_text())
     ring = parse(manifest["stringData"]["keys.yaml"].encode(), Path("keys.yaml"))
     assert sorted(ring.tenants) == ["ops", "search"]
+
+
+def test_batch_lines_take_the_daily_bucket_not_the_minutes() -> None:
+    clock = FakeClock()
+    limits = TenantLimits(Quota(tokens_per_minute=10, batch_tokens_per_day=86400), clock)
+    assert limits.charge(50, batch=True) is None  # a day's bucket, whatever a minute holds
+    assert limits.charge(10) is None and limits.charge(1) is not None  # the minute's bucket untouched by it
+    refused = limits.charge(86400, batch=True)
+    assert refused is not None and refused.reason == "batch_tokens"
+    clock.now += 50  # a day's tokens refill at one a second here
+    assert limits.charge(50, batch=True) is None
