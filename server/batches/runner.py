@@ -22,6 +22,7 @@ import structlog
 from server.batches import lines
 from server.batches.endpoints import ENDPOINTS, Endpoint
 from server.batches.progress import RunningJob
+from server.batches.space import NoRoom
 from server.batches.states import StateError
 from server.batches.store import BatchStore, Owner, Progress
 from server.core.internal import answer_body
@@ -41,7 +42,7 @@ class BatchRunner:
     def __init__(self, svc: Services) -> None:
         settings = svc.settings
         self.svc = svc
-        self.store = BatchStore(Path(settings.batch_dir), settings.batch_retention)
+        self.store = BatchStore(Path(settings.batch_dir), settings.batch_retention, settings.batch_max_bytes)
         self.concurrency = settings.batch_concurrency
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -98,8 +99,10 @@ class BatchRunner:
         self._stops[batch_id] = stop
         try:
             await self._drive(batch_id, stop)
+        except NoRoom as exc:
+            await self._fail(batch_id, exc.code, f"the job's output could not be written: {exc}")
         except OSError as exc:
-            await self._fail(batch_id, f"the batch folder could not be written: {exc}")
+            await self._fail(batch_id, "batch_dir_unwritable", f"the batch folder could not be written: {exc}")
         finally:
             self._stops.pop(batch_id, None)
             self.running = None
@@ -230,8 +233,8 @@ class BatchRunner:
         await self.svc.off_loop(self.store.move, batch_id, "expired", **files)
         log.info("batch_expired", batch=batch_id)
 
-    async def _fail(self, batch_id: str, reason: str) -> None:
-        errors = {"object": "list", "data": [{"code": "batch_dir_unwritable", "message": reason}]}
+    async def _fail(self, batch_id: str, code: str, reason: str) -> None:
+        errors = {"object": "list", "data": [{"code": code, "message": reason}]}
         log.error("batch_failed", batch=batch_id, reason=reason)
         try:
             await self.svc.off_loop(self.store.move, batch_id, "failed", errors=errors)
