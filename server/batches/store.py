@@ -84,6 +84,11 @@ class BatchStore:
             self._db = db
         return self._db
 
+    def used_bytes(self) -> int:
+        """What the folder's files and job outputs hold (WARMPOOL_BATCH_MAX_BYTES bounds it)."""
+        self._conn()
+        return self.space.used()
+
     def _query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._conn().execute(sql, args).fetchall()
