@@ -225,8 +225,11 @@ class BatchStore:
             self.space.release(max(0, cut))
         return progress
 
-    def append(self, batch_id: str, done: Progress, output: bytes, errors: bytes, ok: int, failed: int) -> None:
-        """A group's lines appended and fsynced, then its progress and counts committed; FolderFull,
+    def append(
+        self, batch_id: str, done: Progress, output: bytes, errors: bytes, ok: int, failed: int, tokens: int = 0
+    ) -> None:
+        """A group's lines appended and fsynced, then its progress, counts and usage (`tokens`: its
+        answered lines' prompt tokens) committed; FolderFull,
         nothing written, if they would take the folder past WARMPOOL_BATCH_MAX_BYTES."""
         self.space.claim(len(output) + len(errors))
         try:
@@ -248,6 +251,7 @@ class BatchStore:
                 counts = record["request_counts"]
                 counts["completed"] += ok
                 counts["failed"] += failed
+                record["usage"] = usage(record.get("usage"), tokens)
                 db.execute(
                     "UPDATE batches SET record = ?, in_offset = ?, next_line = ?, out_offset = ?, err_offset = ?"
                     " WHERE id = ?",
@@ -292,6 +296,18 @@ class BatchStore:
             for which in ("output", "error"):
                 self._unlink(self.output_path(batch_id, which))
         return len(old) + len(gone)
+
+
+def usage(so_far: dict[str, Any] | None, tokens: int) -> dict[str, Any]:
+    """OpenAI's Batch `usage` with `tokens` more prompt tokens (an encoder's answers have no output tokens)."""
+    total = (so_far or {}).get("input_tokens", 0) + tokens
+    return {
+        "input_tokens": total,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 0,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": total,
+    }
 
 
 class IncomingFile:
