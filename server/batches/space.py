@@ -4,11 +4,15 @@ written. Synchronous, on the executor, shared by its threads."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
 FOLDERS = ("files", "outputs")  # what is counted: uploads, published outputs, running jobs' outputs
 PARTIAL = ".partial"  # an upload still arriving
+# kept free on the folder's filesystem: SQLite's commits (a job's failure among them) still fit when
+# uploads and outputs have filled the rest
+FREE_RESERVE = 8 * 1024 * 1024
 
 
 class NoRoom(Exception):
@@ -24,6 +28,16 @@ class FolderFull(NoRoom):
         super().__init__(
             f"the batch folder holds {used} bytes of its limit of {limit} (WARMPOOL_BATCH_MAX_BYTES):"
             f" {wanted} more would pass it; delete files (DELETE /v1/files/{{id}}) to make room"
+        )
+
+
+class DiskFull(NoRoom):
+    code = "batch_disk_full"
+
+    def __init__(self, free: int, wanted: int) -> None:
+        super().__init__(
+            f"the batch folder's filesystem has {free} bytes free: {wanted} more would leave less than the"
+            f" {FREE_RESERVE} kept for the job records"
         )
 
 
@@ -59,11 +73,15 @@ class FolderSpace:
             return self._counted()
 
     def claim(self, size: int) -> None:
-        """`size` more bytes about to be written; FolderFull (nothing claimed) if they would pass the limit."""
+        """`size` more bytes about to be written; FolderFull (nothing claimed) if they would pass the limit,
+        DiskFull if they would leave the filesystem less than FREE_RESERVE."""
         with self._lock:
             used = self._counted()
             if used + size > self.limit:
                 raise FolderFull(used, size, self.limit)
+            free = shutil.disk_usage(self.root).free
+            if free - size < FREE_RESERVE:
+                raise DiskFull(free, size)
             self._used = used + size
 
     def release(self, size: int) -> None:

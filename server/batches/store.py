@@ -204,7 +204,8 @@ class BatchStore:
                 db.execute("UPDATE batches SET record = ? WHERE id = ?", (orjson.dumps(record), batch_id))
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
+                    db.execute("ROLLBACK")
                 raise
         return record
 
@@ -259,7 +260,8 @@ class BatchStore:
                 )
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
+                    db.execute("ROLLBACK")
                 raise
 
     def publish(self, batch_id: str) -> dict[str, str]:

@@ -5,10 +5,12 @@ uploads, job outputs, deletes and restarts."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from server.batches.space import FileTooLarge, FolderFull
+from server.batches import space
+from server.batches.space import DiskFull, FileTooLarge, FolderFull
 from server.batches.store import BatchStore, Owner, Progress
 from server.batches.upload import FileForm, FormError
 
@@ -98,3 +100,15 @@ def test_the_folders_bytes_are_counted_again_at_a_restart_and_given_back_by_dele
     assert restarted.used_bytes() == 500 and partials(restarted) == []
     restarted.delete_file(gone["id"])
     assert restarted.used_bytes() == 300 and restarted.file(kept["id"]) is not None
+
+
+def test_a_write_that_would_leave_the_disk_less_than_its_reserve_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = BatchStore(tmp_path, RETENTION_S)
+    free = space.FREE_RESERVE + 1000
+    monkeypatch.setattr(space.shutil, "disk_usage", lambda _: SimpleNamespace(free=free))
+    store.add_file("fits.jsonl", "batch", b"x" * 1000, NOBODY)
+    with pytest.raises(DiskFull):
+        store.add_file("past.jsonl", "batch", b"x" * 1001, NOBODY)
+    assert partials(store) == [] and store.used_bytes() == 1000
