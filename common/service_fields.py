@@ -30,6 +30,14 @@ class ServiceFields(BaseSettings):
     batch_max_file_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="Largest file `POST /v1/files` accepts, in bytes (413 past it)."
     )
+    batch_max_bytes: int = Field(
+        10 * 1024**3,
+        ge=1024,
+        description=(
+            "Bound of the bytes the batch folder's files and job outputs hold together: an upload that would pass"
+            " it is refused (413), a job whose output would pass it fails with the reason in `errors`."
+        ),
+    )
     batch_retention: float = Field(
         7 * 86400.0, gt=0, description="Seconds a Batch API file or finished job is kept, then deleted."
     )

@@ -75,7 +75,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "image_url_timeout",
         "image_url_redirects",
     ),
-    "batches": ("batch_dir", "batch_max_file_bytes", "batch_retention", "batch_concurrency"),
+    "batches": ("batch_dir", "batch_max_file_bytes", "batch_max_bytes", "batch_retention", "batch_concurrency"),
     "security": ("api_key", "api_key_file", "api_keys_file", "api_keys_reload_interval"),
     "result cache": ("cache_bytes", "cache_url", "cache_ttl", "cache_timeout"),
     "logging and tracing": ("log_level", "log_format", "otlp_endpoint", "otlp_protocol", "otlp_service_name"),

@@ -22,9 +22,10 @@ import structlog
 from server.batches import lines
 from server.batches.endpoints import ENDPOINTS, Endpoint
 from server.batches.progress import RunningJob
+from server.batches.space import NoRoom
 from server.batches.states import StateError
 from server.batches.store import BatchStore, Owner, Progress
-from server.core.internal import answer_body
+from server.core.internal import Answer, answer_body
 from server.core.services import Services
 from server.http.errors import APIError, ClientDisconnected, response_for
 from server.tenants.guard import pass_for
@@ -41,7 +42,7 @@ class BatchRunner:
     def __init__(self, svc: Services) -> None:
         settings = svc.settings
         self.svc = svc
-        self.store = BatchStore(Path(settings.batch_dir), settings.batch_retention)
+        self.store = BatchStore(Path(settings.batch_dir), settings.batch_retention, settings.batch_max_bytes)
         self.concurrency = settings.batch_concurrency
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -98,8 +99,10 @@ class BatchRunner:
         self._stops[batch_id] = stop
         try:
             await self._drive(batch_id, stop)
+        except NoRoom as exc:
+            await self._fail(batch_id, exc.code, f"the job's output could not be written: {exc}")
         except OSError as exc:
-            await self._fail(batch_id, f"the batch folder could not be written: {exc}")
+            await self._fail(batch_id, "batch_dir_unwritable", f"the batch folder could not be written: {exc}")
         finally:
             self._stops.pop(batch_id, None)
             self.running = None
@@ -135,14 +138,14 @@ class BatchRunner:
             answered = await self._group(record["endpoint"], endpoint, group, progress.next_line, found, whose, stop)
             if answered is None:
                 break  # cancelled: the group's answers are dropped
-            output, errors, ok, failed = answered
+            output, errors, ok, failed, tokens = answered
             progress = Progress(
                 in_offset,
                 progress.next_line + len(group),
                 progress.out_offset + len(output),
                 progress.err_offset + len(errors),
             )
-            await off_loop(store.append, batch_id, progress, output, errors, ok, failed)
+            await off_loop(store.append, batch_id, progress, output, errors, ok, failed, tokens)
             self.svc.metrics.batch_lines.labels(state="completed").inc(ok)
             self.svc.metrics.batch_lines.labels(state="failed").inc(failed)
             running.advance(ok, failed)
@@ -174,14 +177,15 @@ class BatchRunner:
         found: lines.Scan,
         whose: Owner,
         stop: asyncio.Future[None],
-    ) -> tuple[bytes, bytes, int, int] | None:
-        """The group's output and error lines and their counts; None if the job was cancelled."""
+    ) -> tuple[bytes, bytes, int, int, int] | None:
+        """The group's output and error lines, their counts and the answered lines' prompt tokens; None if
+        the job was cancelled."""
         checked = await self.svc.off_loop(
             lambda: [lines.check(raw, first + i, url, found.duplicates) for i, raw in enumerate(group)]
         )
         at_once = asyncio.Semaphore(self.concurrency)
 
-        async def run(line: lines.Line) -> tuple[int, bytes] | None:
+        async def run(line: lines.Line) -> Answer | None:
             if line.error is not None:
                 return None
             async with at_once:
@@ -193,9 +197,7 @@ class BatchRunner:
             return None
         return await self.svc.off_loop(_assembled, checked, answers)
 
-    async def _line(
-        self, endpoint: Endpoint, body: bytes, whose: Owner, stop: asyncio.Future[None]
-    ) -> tuple[int, bytes]:
+    async def _line(self, endpoint: Endpoint, body: bytes, whose: Owner, stop: asyncio.Future[None]) -> Answer:
         """The route's answer, within the job's tenant's models and quota; a full server, no engine or
         the tenant's quota for now is waited out (the job's lines are bulk)."""
         delay = 0.05
@@ -206,10 +208,10 @@ class BatchRunner:
                 gone = APIError(
                     403, f"the job's tenant '{whose.tenant}' is no longer in the keys file", code="tenant_gone"
                 )
-                return gone.status, bytes(response_for(gone).body)
+                return Answer(gone.status, bytes(response_for(gone).body))
             answer = await answer_body(self.svc, endpoint.prepare, endpoint.render, body, BATCH_PRIORITY, stop, tenant)
             if not answer.transient:
-                return answer.status, answer.body
+                return answer
             await asyncio.wait([stop], timeout=delay)
             if stop.done():
                 raise ClientDisconnected()
@@ -230,8 +232,8 @@ class BatchRunner:
         await self.svc.off_loop(self.store.move, batch_id, "expired", **files)
         log.info("batch_expired", batch=batch_id)
 
-    async def _fail(self, batch_id: str, reason: str) -> None:
-        errors = {"object": "list", "data": [{"code": "batch_dir_unwritable", "message": reason}]}
+    async def _fail(self, batch_id: str, code: str, reason: str) -> None:
+        errors = {"object": "list", "data": [{"code": code, "message": reason}]}
         log.error("batch_failed", batch=batch_id, reason=reason)
         try:
             await self.svc.off_loop(self.store.move, batch_id, "failed", errors=errors)
@@ -239,16 +241,19 @@ class BatchRunner:
             log.error("batch_state_unwritable", batch=batch_id, error=repr(exc))
 
 
-def _assembled(checked: list[lines.Line], answers: list[tuple[int, bytes] | None]) -> tuple[bytes, bytes, int, int]:
-    """Output lines (answered 2xx) and error lines (refused, or never sent), in input order."""
+def _assembled(checked: list[lines.Line], answers: list[Answer | None]) -> tuple[bytes, bytes, int, int, int]:
+    """Output lines (answered 2xx) and error lines (refused, or never sent), in input order, and the
+    output lines' prompt tokens (the job's usage)."""
     output: list[bytes] = []
     errors: list[bytes] = []
+    tokens = 0
     for line, answer in zip(checked, answers, strict=True):
         if answer is None:
             assert line.error is not None
             errors.append(lines.error_line(line.custom_id, *line.error))
             continue
-        status, body = answer
         assert line.custom_id is not None
-        (output if 200 <= status < 300 else errors).append(lines.answer_line(line.custom_id, status, body))
-    return b"".join(output), b"".join(errors), len(output), len(errors)
+        answered = 200 <= answer.status < 300
+        (output if answered else errors).append(lines.answer_line(line.custom_id, answer.status, answer.body))
+        tokens += answer.tokens if answered else 0
+    return b"".join(output), b"".join(errors), len(output), len(errors), tokens

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from server.batches.space import PARTIAL, FileTooLarge, FolderSpace
 from server.batches.states import moved
 
 SCHEMA = """
@@ -59,9 +60,10 @@ def new_id(prefix: str) -> str:
 
 
 class BatchStore:
-    def __init__(self, root: Path, retention_s: float) -> None:
+    def __init__(self, root: Path, retention_s: float, max_bytes: int | None = None) -> None:
         self.root = root
         self.retention_s = retention_s
+        self.space = FolderSpace(root, max_bytes if max_bytes is not None else 2**63)
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()  # one connection, shared by the executor's threads
 
@@ -70,6 +72,8 @@ class BatchStore:
         error of the call that met it, never of the server's start."""
         if self._db is None:
             (self.root / "files").mkdir(parents=True, exist_ok=True)
+            for partial in (self.root / "files").glob(f"*{PARTIAL}"):  # uploads a crash cut short
+                partial.unlink()
             db = sqlite3.connect(self.root / "batches.sqlite3", check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
@@ -79,6 +83,11 @@ class BatchStore:
                     db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
             self._db = db
         return self._db
+
+    def used_bytes(self) -> int:
+        """What the folder's files and job outputs hold (WARMPOOL_BATCH_MAX_BYTES bounds it)."""
+        self._conn()
+        return self.space.used()
 
     def _query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -92,16 +101,18 @@ class BatchStore:
         return self.root / "outputs" / f"{batch_id}.{which}.jsonl"
 
     def add_file(self, filename: str, purpose: str, data: bytes, owner: Owner) -> dict[str, Any]:
-        file_id = new_id("file-")
-        path = self.file_path(file_id)
+        incoming = self.incoming(len(data))
+        try:
+            incoming.write(data)
+            return incoming.commit(filename, purpose, owner)
+        except BaseException:
+            incoming.discard()
+            raise
+
+    def incoming(self, max_file_bytes: int) -> IncomingFile:
+        """A new file, written as it arrives (POST /v1/files streams its form's file part into it)."""
         self._conn()
-        partial = path.with_suffix(".partial")
-        with open(partial, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        partial.rename(path)
-        return self._register(file_id, filename, purpose, len(data), owner.tenant)
+        return IncomingFile(self, max_file_bytes)
 
     def _register(self, file_id: str, filename: str, purpose: str, size: int, owner: str | None) -> dict[str, Any]:
         now = int(time.time())
@@ -137,8 +148,16 @@ class BatchStore:
     def delete_file(self, file_id: str) -> bool:
         with self._lock:
             deleted = self._conn().execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount
-        self.file_path(file_id).unlink(missing_ok=True)
+        self._unlink(self.file_path(file_id))
         return bool(deleted)
+
+    def _unlink(self, path: Path) -> None:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return
+        path.unlink(missing_ok=True)
+        self.space.release(size)
 
     def _page(self, table: str, after: str | None, limit: int, owner: Owner) -> list[dict[str, Any]]:
         sql = f"SELECT record FROM {table} WHERE owner IS ?"  # the table is one of ours, never the client's
@@ -185,7 +204,8 @@ class BatchStore:
                 db.execute("UPDATE batches SET record = ? WHERE id = ?", (orjson.dumps(record), batch_id))
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
+                    db.execute("ROLLBACK")
                 raise
         return record
 
@@ -200,18 +220,29 @@ class BatchStore:
         (self.root / "outputs").mkdir(exist_ok=True)
         for which, size in (("output", progress.out_offset), ("error", progress.err_offset)):
             with open(self.output_path(batch_id, which), "ab") as out:
+                cut = out.tell() - size
                 out.truncate(size)
                 os.fsync(out.fileno())
+            self.space.release(max(0, cut))
         return progress
 
-    def append(self, batch_id: str, done: Progress, output: bytes, errors: bytes, ok: int, failed: int) -> None:
-        """A group's lines appended and fsynced, then its progress and counts committed."""
-        for which, lines in (("output", output), ("error", errors)):
-            if lines:
-                with open(self.output_path(batch_id, which), "ab") as out:
-                    out.write(lines)
-                    out.flush()
-                    os.fsync(out.fileno())
+    def append(
+        self, batch_id: str, done: Progress, output: bytes, errors: bytes, ok: int, failed: int, tokens: int = 0
+    ) -> None:
+        """A group's lines appended and fsynced, then its progress, counts and usage (`tokens`: its
+        answered lines' prompt tokens) committed; FolderFull,
+        nothing written, if they would take the folder past WARMPOOL_BATCH_MAX_BYTES."""
+        self.space.claim(len(output) + len(errors))
+        try:
+            for which, lines in (("output", output), ("error", errors)):
+                if lines:
+                    with open(self.output_path(batch_id, which), "ab") as out:
+                        out.write(lines)
+                        out.flush()
+                        os.fsync(out.fileno())
+        except OSError:
+            self.space.recount()  # written in part: the folder says how much
+            raise
         with self._lock:
             db = self._conn()
             db.execute("BEGIN IMMEDIATE")
@@ -221,6 +252,7 @@ class BatchStore:
                 counts = record["request_counts"]
                 counts["completed"] += ok
                 counts["failed"] += failed
+                record["usage"] = usage(record.get("usage"), tokens)
                 db.execute(
                     "UPDATE batches SET record = ?, in_offset = ?, next_line = ?, out_offset = ?, err_offset = ?"
                     " WHERE id = ?",
@@ -228,7 +260,8 @@ class BatchStore:
                 )
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
+                    db.execute("ROLLBACK")
                 raise
 
     def publish(self, batch_id: str) -> dict[str, str]:
@@ -239,7 +272,7 @@ class BatchStore:
         for which, size in (("output", progress.out_offset), ("error", progress.err_offset)):
             path = self.output_path(batch_id, which)
             if which == "error" and size == 0:
-                path.unlink(missing_ok=True)
+                self._unlink(path)
                 continue
             file_id = f"file-{batch_id.removeprefix('batch_')}-{which}"
             if path.exists():
@@ -263,5 +296,51 @@ class BatchStore:
             self._conn().executemany("DELETE FROM batches WHERE id = ?", [(i,) for i in gone])
         for batch_id in gone:
             for which in ("output", "error"):
-                self.output_path(batch_id, which).unlink(missing_ok=True)
+                self._unlink(self.output_path(batch_id, which))
         return len(old) + len(gone)
+
+
+def usage(so_far: dict[str, Any] | None, tokens: int) -> dict[str, Any]:
+    """OpenAI's Batch `usage` with `tokens` more prompt tokens (an encoder's answers have no output tokens)."""
+    total = (so_far or {}).get("input_tokens", 0) + tokens
+    return {
+        "input_tokens": total,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 0,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": total,
+    }
+
+
+class IncomingFile:
+    """A file written as it arrives, to files/<id>.partial: each chunk within the file's bound and claimed
+    from the folder's before it is written; fsynced and renamed into place by commit, removed by discard."""
+
+    def __init__(self, store: BatchStore, max_file_bytes: int) -> None:
+        self.store = store
+        self.limit = max_file_bytes
+        self.file_id = new_id("file-")
+        self.partial = store.file_path(self.file_id).with_name(self.file_id + PARTIAL)
+        self.size = 0
+        self._out = open(self.partial, "wb")  # noqa: SIM115 - closed by commit or discard
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self.size + len(data) > self.limit:
+            raise FileTooLarge(self.limit)
+        self.store.space.claim(len(data))
+        self.size += len(data)  # claimed: discard gives it back, written or not
+        self._out.write(data)
+
+    def commit(self, filename: str, purpose: str, owner: Owner) -> dict[str, Any]:
+        self._out.flush()
+        os.fsync(self._out.fileno())
+        self._out.close()
+        self.partial.rename(self.store.file_path(self.file_id))
+        return self.store._register(self.file_id, filename, purpose, self.size, owner.tenant)
+
+    def discard(self) -> None:
+        """The upload given up (refused, cut short): its bytes removed and given back to the folder."""
+        self._out.close()
+        if self.partial.exists():
+            self.partial.unlink()
+            self.store.space.release(self.size)

@@ -20,6 +20,7 @@ class Answer(NamedTuple):
     status: int
     body: bytes
     transient: bool = False  # a full server, no engine, a quota for now: the same body may succeed later
+    tokens: int = 0  # an answer's prompt tokens, as its `usage` counts them
 
 
 async def answer_body(
@@ -37,7 +38,7 @@ async def answer_body(
     try:
         await svc.serving_model()
         traced: dict[str, Any] = {"timings": Timings()}
-        _, outcome, _ = await respond(svc, prepare, render, raw, "openai", priority, traced, gone, tenant)
+        prepared, outcome, _ = await respond(svc, prepare, render, raw, "openai", priority, traced, gone, tenant)
     except ClientDisconnected:
         raise
     except Exception as exc:  # answered as the HTTP route answers it
@@ -48,4 +49,4 @@ async def answer_body(
         refusal = "encoding_format bytes answers raw bytes, not JSON: a batch takes float or base64"
         response = response_for(bad_request(refusal, "encoding_format"))
         return Answer(response.status_code, bytes(response.body))
-    return Answer(200, outcome.rendered)
+    return Answer(200, outcome.rendered, tokens=prepared.n_tokens)

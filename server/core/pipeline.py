@@ -35,6 +35,7 @@ from server.vision.url_images import UrlImages
 
 B = TypeVar("B")
 S = TypeVar("S")
+T = TypeVar("T")
 
 
 @dataclass
@@ -68,14 +69,19 @@ def request_context(svc: Services) -> RequestContext:
 
 async def read_body(request: Request, svc: Services) -> bytes:
     """The whole body within WARMPOOL_READ_TIMEOUT, else 408. Read before any admission permit is
-    taken, so uploads that never arrive cannot hold the permits admitted work needs. A body still
-    arriving when the drain ends (Services.end_body_reads) is answered 503, not cancelled with the
-    server's shutdown (which would answer 500)."""
+    taken, so uploads that never arrive cannot hold the permits admitted work needs."""
+    return await receive_body(svc, request.body())
+
+
+async def receive_body(svc: Services, reading: Awaitable[T]) -> T:
+    """`reading` (a body read whole, or streamed somewhere as it arrives) within WARMPOOL_READ_TIMEOUT,
+    else 408. A body still arriving when the drain ends (Services.end_body_reads) is answered 503, not
+    cancelled with the server's shutdown (which would answer 500)."""
     task = asyncio.current_task()
     if task is not None:
         svc.body_reads.add(task)
     try:
-        return await asyncio.wait_for(request.body(), svc.settings.read_timeout)
+        return await asyncio.wait_for(reading, svc.settings.read_timeout)
     except TimeoutError:
         svc.metrics.rejections.labels(reason="read_timeout").inc()
         raise APIError(

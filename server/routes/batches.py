@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from server.batches import lines
 from server.batches.endpoints import ENDPOINTS
 from server.batches.states import StateError
-from server.batches.store import BatchStore, Owner, new_id
+from server.batches.store import BatchStore, Owner, new_id, usage
 from server.core import inputs
 from server.core.inputs import require_kind
 from server.core.pipeline import read_body
@@ -40,9 +40,11 @@ def checked_batch(svc: Services, store: BatchStore, raw: bytes, whose: Owner, al
     found = lines.scan(store.file_path(body.input_file_id))
     if found.objects == 0:
         raise bad_request("the input file is not JSONL: no line is a JSON object", "input_file_id")
+    names: set[str | None] = set()
     for model in found.models:
         served = svc.models.get(model) if model is not None else svc.default_model()
         name = model if model is not None else served.name if served is not None else None
+        names.add(name)
         refused = allowed is not None and name is not None and name not in allowed
         if refused or (model is not None and model not in svc.configured and served is None):
             raise bad_request(
@@ -69,6 +71,8 @@ def checked_batch(svc: Services, store: BatchStore, raw: bytes, whose: Owner, al
         "expires_at": now + WINDOW_S,
         "request_counts": {"total": found.total, "completed": 0, "failed": 0},
         "metadata": body.metadata,
+        "model": names.pop() if len(names) == 1 else None,  # lines naming several models: none
+        "usage": usage(None, 0),
     }
 
 

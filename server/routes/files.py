@@ -4,8 +4,6 @@ DELETE /v1/files/{id}, GET /v1/files/{id}/content. Stored in WARMPOOL_BATCH_DIR 
 from __future__ import annotations
 
 from collections.abc import Callable
-from email.parser import BytesParser
-from email.policy import HTTP
 from typing import Any
 
 import orjson
@@ -13,8 +11,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from server.batches.runner import BatchRunner
+from server.batches.space import NoRoom
 from server.batches.store import Owner
-from server.core.pipeline import read_body
+from server.batches.upload import FileForm, FormError, NotAForm
+from server.core.pipeline import receive_body
 from server.core.services import services
 from server.http.errors import APIError, bad_request
 
@@ -36,7 +36,11 @@ async def in_store(request: Request, fn: Any, *args: Any) -> Any:
     try:
         return await services(request).off_loop(fn, *args)
     except OSError as exc:
-        raise APIError(503, f"the batch folder is not usable: {exc}", code="batch_dir_unusable") from None
+        raise unusable(exc) from None
+
+
+def unusable(exc: OSError) -> APIError:
+    return APIError(503, f"the batch folder is not usable: {exc}", code="batch_dir_unusable")
 
 
 def owner(request: Request) -> Owner:
@@ -53,43 +57,43 @@ async def found(request: Request, lookup: Any, key: str, what: str) -> dict[str,
     return dict(record)
 
 
-def form_fields(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
-    """A multipart/form-data body's fields: name -> (filename, bytes)."""
-    if not content_type.startswith("multipart/form-data"):
-        raise APIError(415, "POST /v1/files takes multipart/form-data", code="unsupported_media_type")
-    message = BytesParser(policy=HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
-    )
-    fields: dict[str, tuple[str | None, bytes]] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        payload = part.get_payload(decode=True)
-        if isinstance(name, str) and isinstance(payload, bytes):
-            fields[name] = (part.get_filename(), payload)
-    return fields
-
-
-def check_upload(content_type: str, body: bytes, limit: int) -> tuple[str, bytes]:
-    fields = form_fields(content_type, body)
-    purpose = fields.get("purpose", (None, b""))[1].decode("utf-8", "replace")
-    if purpose not in PURPOSES:
-        raise bad_request(f"'purpose' must be one of {', '.join(PURPOSES)}", "purpose")
-    if "file" not in fields:
-        raise bad_request("missing required field 'file'", "file")
-    filename, data = fields["file"]
-    if len(data) > limit:
-        raise APIError(413, f"the file is larger than the limit of {limit} bytes", param="file", code="file_too_large")
-    return filename or "upload.jsonl", data
+async def received_form(request: Request, form: FileForm) -> None:
+    """The body fed to `form` chunk by chunk as it arrives (each on the executor), never held whole."""
+    svc = services(request)
+    async for chunk in request.stream():
+        if chunk:
+            await svc.off_loop(form.feed, chunk)
 
 
 @router.post("/v1/files")
 async def create_file(request: Request) -> JSONResponse:
     svc = services(request)
-    batches = runner(request)
-    body = await read_body(request, svc)
+    store = runner(request).store
     limit = svc.settings.batch_max_file_bytes
-    filename, data = await svc.off_loop(check_upload, request.headers.get("content-type", ""), body, limit)
-    return JSONResponse(await in_store(request, batches.store.add_file, filename[:256], "batch", data, owner(request)))
+    try:
+        form = FileForm(request.headers.get("content-type", ""), lambda: store.incoming(limit))
+    except NotAForm as exc:
+        raise APIError(415, str(exc), code="unsupported_media_type") from None
+    except FormError as exc:
+        raise bad_request(str(exc), exc.param) from None
+    try:
+        try:
+            await receive_body(svc, received_form(request, form))
+            filename, purpose = form.completed()
+        except FormError as exc:
+            raise bad_request(str(exc), exc.param) from None
+        except NoRoom as exc:  # the file's or the folder's bound: nothing past it was written
+            raise APIError(413, str(exc), param="file", code=exc.code) from None
+        except OSError as exc:
+            raise unusable(exc) from None
+        if purpose not in PURPOSES:
+            raise bad_request(f"'purpose' must be one of {', '.join(PURPOSES)}", "purpose")
+        assert form.file is not None
+        record = await in_store(request, form.file.commit, (filename or "upload.jsonl")[:256], "batch", owner(request))
+    except BaseException:
+        await svc.off_loop(form.discard)  # runs to its end on the executor even if this task is cancelled
+        raise
+    return JSONResponse(record)
 
 
 async def _file(request: Request, file_id: str) -> dict[str, Any]:

@@ -85,6 +85,16 @@ def test_batch_answers_equal_the_embeddings_route(client: OpenAI) -> None:
         np.testing.assert_allclose(got, [d.embedding for d in direct.data], atol=1e-6, rtol=0)
 
 
+def test_usage_is_the_routes_usage_summed_over_answered_lines_and_model_is_named(client: OpenAI) -> None:
+    inputs = {"one": "a short text", "two": ["two texts", "of a few more words than the first"], "three": "x " * 40}
+    refused = {"custom_id": "refused", "method": "POST", "url": "/v1/embeddings", "body": {"input": []}}
+    batch = finished(client, submitted(client, jsonl([*(embedding_line(k, v) for k, v in inputs.items()), refused])).id)
+    direct = [client.embeddings.create(input=texts, model="all-MiniLM-L6-v2").usage for texts in inputs.values()]
+    tokens = sum(u.prompt_tokens for u in direct)
+    assert batch.status == "completed" and batch.usage is not None and batch.model == "all-MiniLM-L6-v2"
+    assert (batch.usage.input_tokens, batch.usage.output_tokens, batch.usage.total_tokens) == (tokens, 0, tokens)
+
+
 def test_malformed_lines_are_error_lines(client: OpenAI) -> None:
     lines = [
         embedding_line("good", "hello"),

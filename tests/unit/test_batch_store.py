@@ -51,6 +51,16 @@ def test_resume_cuts_uncommitted_lines_and_goes_on_without_loss_or_repeat(tmp_pa
     assert record is not None and record["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
 
 
+def test_usage_is_committed_with_its_groups_lines(tmp_path: Path) -> None:
+    store = BatchStore(tmp_path, RETENTION_S)
+    batch_id = job(store)
+    store.reopen(batch_id)
+    store.append(batch_id, Progress(10, 1, 2, 0), b"a\n", b"", ok=1, failed=0, tokens=7)
+    store.append(batch_id, Progress(20, 2, 4, 0), b"b\n", b"", ok=1, failed=0, tokens=5)
+    record = BatchStore(tmp_path, RETENTION_S).batch(batch_id)
+    assert record is not None and record["usage"]["input_tokens"] == record["usage"]["total_tokens"] == 12
+
+
 def test_a_publish_cut_short_is_redone(tmp_path: Path) -> None:
     store = BatchStore(tmp_path, RETENTION_S)
     batch_id = job(store)
