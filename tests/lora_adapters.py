@@ -68,16 +68,21 @@ def build_head_adapter(dest: Path, base: Path, seed: int, **config: Any) -> Path
     return dest
 
 
-def head_reference(base: Path, adapter: Path | None, ids: list[list[int]], types: list[list[int]] | None) -> Any:
-    """transformers + PEFT's logits of these token ids (padded, masked) with the adapter on `base` (None: the
-    base's), as float32 numpy [inputs, labels]."""
-    import torch
+def _classifier(base: Path, adapter: Path | None) -> Any:
+    """transformers' sequence classifier `base`, with PEFT's adapter loaded onto it (None: the base alone)."""
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(str(base))
-    if adapter is not None:
-        model = PeftModel.from_pretrained(model, str(adapter))
+    return (model if adapter is None else PeftModel.from_pretrained(model, str(adapter))).eval()
+
+
+def head_reference(base: Path, adapter: Path | None, ids: list[list[int]], types: list[list[int]] | None) -> Any:
+    """transformers + PEFT's logits of these token ids (padded, masked) with the adapter on `base` (None: the
+    base's), as float32 numpy [inputs, labels]."""
+    import torch
+
+    model = _classifier(base, adapter)
     longest = max(len(row) for row in ids)
     mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in ids])
     pad = model.config.pad_token_id or 0
@@ -85,4 +90,15 @@ def head_reference(base: Path, adapter: Path | None, ids: list[list[int]], types
     if types is not None:
         inputs["token_type_ids"] = torch.tensor([row + [0] * (longest - len(row)) for row in types])
     with torch.no_grad():
-        return model.eval()(**inputs).logits.float().numpy()
+        return model(**inputs).logits.float().numpy()
+
+
+def text_reference(base: Path, adapter: Path | None, texts: list[str], pairs: list[str] | None = None) -> Any:
+    """transformers + PEFT's logits of texts (or of (text, pair) pairs, as a CrossEncoder reads them), tokenized
+    by the base's tokenizer, as float64 numpy [inputs, labels]."""
+    import torch
+    from transformers import AutoTokenizer
+
+    batch = AutoTokenizer.from_pretrained(str(base))(texts, pairs, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return _classifier(base, adapter)(**batch).logits.double().numpy()
