@@ -252,7 +252,7 @@ def _target(model: nn.Module, module: str) -> tuple[str, slice, tuple[int, int]]
     """PEFT's module name -> (our projection's path, the slice of its outputs, its (in, out) features);
     None where the model has no such projection, or where it is the head's (a row per input, not per token)."""
     module = model_name(model, f"{module}.weight").removesuffix(".weight")
-    if module.startswith(lora_heads.HEAD_MODULES):
+    if lora_heads.in_head(module):
         return None
     parent_path, _, leaf = module.rpartition(".")
     try:

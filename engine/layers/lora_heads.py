@@ -44,7 +44,7 @@ def read(name: str, folder: Path, model: nn.Module, saved: dict[str, torch.Tenso
     outside = []
     for key, tensor in saved.items():
         path, _, param = model_name(model, key).rpartition(".")
-        if not path.startswith(HEAD_MODULES) or not isinstance(_module(model, path), nn.Module):
+        if not in_head(path) or not isinstance(_module(model, path), nn.Module):
             outside.append(key)
         else:
             params.setdefault(path, {})[param] = (key, tensor)
@@ -70,6 +70,11 @@ def read(name: str, folder: Path, model: nn.Module, saved: dict[str, torch.Tenso
         own.load_state_dict({param: tensor for param, (_, tensor) in tensors.items()}, strict=False)
         copies[path] = own  # what the adapter did not save stays the base's
     return copies
+
+
+def in_head(path: str) -> bool:
+    """Whether the module at `path` is of the head (one row per input)."""
+    return f"{path}.".startswith(HEAD_MODULES)
 
 
 def hook(copies: dict[str, nn.Module], rows: Callable[[], Rows]) -> Any:

@@ -41,30 +41,23 @@ def reference(base: Path, adapter: Path | None, items: list[Tokens]) -> Any:
     return head_reference(base, adapter, [list(t.input_ids) for t in items], types)
 
 
-@pytest.fixture
-def bases(classifier_dir: Path, cross_encoder_dir: Path, tiny: TinyFolders) -> dict[str, Path]:
-    return {
-        "classifier": classifier_dir,
-        "reranker": cross_encoder_dir,
-        "xlm-roberta-reranker": tiny["xlm-roberta-reranker"],
-    }
-
-
 @pytest.mark.parametrize(
     ("base", "options"),
     [
-        ("classifier", {}),  # BERT, 3 labels: PEFT saves the classifier; the pooler stays the base's
+        ("classifier", {}),  # BERT, 3 labels (build_classifier): PEFT saves the classifier, the pooler is the base's
         ("reranker", {}),  # BERT, 1 label (a CrossEncoder's)
         ("reranker", {"modules_to_save": ["pooler"]}),  # the pooler trained too: BERT's dense before tanh
         ("xlm-roberta-reranker", {}),  # RoBERTa's classification head saved whole: dense and out_proj
+        # ModernBERT's classifier after its own head (dense, activation, norm), mean-pooled; the head trained too
+        ("modernbert-reranker", {"target_modules": ["Wqkv", "Wo"], "modules_to_save": ["head"]}),
     ],
 )
 def test_an_adapter_with_its_own_head_answers_peft_s_logits(
-    bases: dict[str, Path], tmp_path: Path, base: str, options: dict[str, Any]
+    classifier_dir: Path, cross_encoder_dir: Path, tiny: TinyFolders, tmp_path: Path, base: str, options: dict[str, Any]
 ) -> None:
     """LoRA on the encoder of a task model (`bert.`, `roberta.` names) and the head it trained: logits
     within 1e-5 of transformers + PEFT's, and not the base's."""
-    folder = bases[base]
+    folder = {"classifier": classifier_dir, "reranker": cross_encoder_dir}.get(base) or tiny[base]
     adapter = build_head_adapter(tmp_path / "adapter", folder, seed=1, **options)
     model = PoolingModel(read_model_folder(folder), threads=1, adapters=[("tuned", adapter)])
     got = model.forward(pairs(folder, "tuned"))
