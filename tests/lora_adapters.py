@@ -46,16 +46,21 @@ def reference(base: Path, adapter: Path, texts: list[str]) -> Any:
     return model.encode(texts)
 
 
+# PEFT's task type -> the transformers class it is trained on
+_TASK_MODELS = {"SEQ_CLS": "AutoModelForSequenceClassification", "CAUSAL_LM": "AutoModelForCausalLM"}
+
+
 def build_head_adapter(dest: Path, base: Path, seed: int, **config: Any) -> Path:
     """A PEFT folder of a fine-tuned classifier or reranker: `base` a sequence classifier, PEFT's SEQ_CLS
     task (which saves the classifier head whole: modules_to_save), LoRA on q and v; random A and B, and
-    the head's values moved (the saved copy starts as the base's)."""
+    the head's values moved (the saved copy starts as the base's). task_type="CAUSAL_LM": a yes/no
+    reranker's (Qwen3-Reranker's), which saves no head."""
     import torch
+    import transformers
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForSequenceClassification
 
-    model = AutoModelForSequenceClassification.from_pretrained(str(base))
     lora = {"task_type": "SEQ_CLS", "target_modules": ["query", "value"], "r": 4, "lora_alpha": 8, **config}
+    model = getattr(transformers, _TASK_MODELS[lora["task_type"]]).from_pretrained(str(base))
     peft_model = get_peft_model(model, LoraConfig(**lora))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

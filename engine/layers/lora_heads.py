@@ -37,8 +37,8 @@ def read(name: str, folder: Path, model: nn.Module, saved: dict[str, torch.Tenso
     where = f"adapter '{name}' ({folder})"
     if saved and not getattr(model, "num_labels", None):
         raise ModelError(
-            f"{where} cannot be served: it trained a head ({_modules(saved)}) and this model has no classifier "
-            "head: serve it on the classifier or reranker it was trained from"
+            f"{where} cannot be served: it saves modules whole ({_modules(saved)}: modules_to_save) and this "
+            "model has no classifier head for them: serve it on the classifier or reranker it was trained from"
         )
     params: dict[str, dict[str, tuple[str, torch.Tensor]]] = {}  # our module -> param -> (its key, tensor)
     outside = []

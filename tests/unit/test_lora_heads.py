@@ -20,8 +20,10 @@ from common.folderjson import ModelError
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
 from engine.runtime.model import PoolingModel
+from server.core.outputs import activate
 from server.tokenizing.tokenizer import TokenizerPool
 from tests.lora_adapters import build_head_adapter, head_reference
+from tests.qwen3_reference import model_card_scores
 from tests.tiny_models import TinyFolders
 
 QUERY = "what is the warm pool"
@@ -96,7 +98,7 @@ def test_a_head_with_another_label_count_is_refused_naming_it(
 
 def test_a_trained_head_on_an_embedder_is_refused(classifier_dir: Path, tiny: TinyFolders, tmp_path: Path) -> None:
     adapter = build_head_adapter(tmp_path / "adapter", classifier_dir, seed=1)
-    with pytest.raises(ModelError, match=r"adapter 'tuned'.*trained a head \(classifier\).*no classifier head"):
+    with pytest.raises(ModelError, match=r"adapter 'tuned'.*saves modules whole \(classifier: .*no classifier head"):
         PoolingModel(read_model_folder(tiny["bert"]), threads=1, adapters=[("tuned", adapter)])
 
 
@@ -105,3 +107,18 @@ def test_saved_modules_outside_the_head_are_refused_by_name(classifier_dir: Path
     adapter = build_head_adapter(tmp_path / "adapter", classifier_dir, seed=1, modules_to_save=["word_embeddings"])
     with pytest.raises(ModelError, match=r"outside the model's head \(bert\.embeddings\.word_embeddings\)"):
         PoolingModel(read_model_folder(classifier_dir), threads=1, adapters=[("tuned", adapter)])
+
+
+def test_a_yes_no_reranker_s_adapter_scores_as_peft(tiny: TinyFolders, tmp_path: Path) -> None:
+    """Qwen3-Reranker's (a causal LM, PEFT's CAUSAL_LM task: `model.layers…` names): its score, the
+    sigmoid of l_yes - l_no, is PEFT's P(yes) within 1e-5."""
+    folder = tiny["qwen3-reranker"]
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    adapter = build_head_adapter(tmp_path / "adapter", folder, seed=1, task_type="CAUSAL_LM", target_modules=targets)
+    info = read_model_folder(folder)
+    items = TokenizerPool(folder, info.pair_template).encode_pairs([(QUERY, d) for d in DOCUMENTS], info.max_model_len)
+    model = PoolingModel(info, threads=1, adapters=[("tuned", adapter)])
+    got = activate(model.forward([t._replace(adapter="tuned") for t in items]))[:, 0]
+    expected = model_card_scores(folder, [list(t.input_ids) for t in items], adapter)
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    assert np.abs(activate(model.forward(items))[:, 0] - expected).max() > 1e-3  # the adapter matters
