@@ -211,6 +211,12 @@ def _read(name: str, folder: Path, model: nn.Module) -> tuple[dict[str, Update],
             saved[key.removeprefix(_PREFIX)] = tensor.float()
         else:
             pairs.setdefault(match["module"], {})[match["side"]] = tensor.float()
+    on_head = sorted(module for module in pairs if lora_heads.in_head(_ours(model, module)))
+    if on_head:
+        raise ModelError(
+            f"adapter '{name}' ({folder}) cannot be served: LoRA on the head ({', '.join(on_head)}), which runs per "
+            "input: train the head whole instead (modules_to_save)"
+        )
     targets = {module: _target(model, module) for module in pairs}
     missing = sorted({module.rsplit(".", 1)[-1] for module, target in targets.items() if target is None})
     if missing:
@@ -250,10 +256,8 @@ def _stacked(parts: list[tuple[slice, torch.Tensor, torch.Tensor]], out: int) ->
 
 def _target(model: nn.Module, module: str) -> tuple[str, slice, tuple[int, int]] | None:
     """PEFT's module name -> (our projection's path, the slice of its outputs, its (in, out) features);
-    None where the model has no such projection, or where it is the head's (a row per input, not per token)."""
-    module = model_name(model, f"{module}.weight").removesuffix(".weight")
-    if lora_heads.in_head(module):
-        return None
+    None where the model has no such projection."""
+    module = _ours(model, module)
     parent_path, _, leaf = module.rpartition(".")
     try:
         parent = model.get_submodule(parent_path) if parent_path else model
@@ -269,6 +273,11 @@ def _target(model: nn.Module, module: str) -> tuple[str, slice, tuple[int, int]]
     size = _dims(child)
     assert size is not None
     return module, slice(0, size[1]), size
+
+
+def _ours(model: nn.Module, module: str) -> str:
+    """PEFT's module name (the base checkpoint's: a task model's `bert.encoder…`) as the model's."""
+    return model_name(model, f"{module}.weight").removesuffix(".weight")
 
 
 def _part(parent: nn.Module, leaf: str) -> tuple[str, slice] | None:

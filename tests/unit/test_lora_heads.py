@@ -122,3 +122,10 @@ def test_a_yes_no_reranker_s_adapter_scores_as_peft(tiny: TinyFolders, tmp_path:
     expected = model_card_scores(folder, [list(t.input_ids) for t in items], adapter)
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
     assert np.abs(activate(model.forward(items))[:, 0] - expected).max() > 1e-3  # the adapter matters
+
+
+def test_lora_on_the_head_is_refused_by_name(classifier_dir: Path, tmp_path: Path) -> None:
+    """The head sees a row per input, not per token: LoRA there (BERT's pooler) is not served."""
+    adapter = build_head_adapter(tmp_path / "adapter", classifier_dir, seed=1, target_modules=["query", "pooler.dense"])
+    with pytest.raises(ModelError, match=r"LoRA on the head \(bert\.pooler\.dense\)"):
+        PoolingModel(read_model_folder(classifier_dir), threads=1, adapters=[("tuned", adapter)])
