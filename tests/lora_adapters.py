@@ -1,5 +1,6 @@
 """PEFT LoRA adapters of tiny models (tests/tiny_models.py), as teams save them after fine-tuning a
-sentence-transformers embedder, and sentence-transformers + PEFT's vectors with one active (the reference)."""
+sentence-transformers embedder (or a classifier or reranker, with its head), and sentence-transformers +
+PEFT's vectors (transformers + PEFT's logits) with one active: the reference."""
 
 from __future__ import annotations
 
@@ -43,3 +44,66 @@ def reference(base: Path, adapter: Path, texts: list[str]) -> Any:
     model = SentenceTransformer(str(base), device="cpu")
     model[0].model = PeftModel.from_pretrained(model[0].model, str(adapter)).eval()
     return model.encode(texts)
+
+
+# PEFT's task type -> the transformers class it is trained on
+_TASK_MODELS = {"SEQ_CLS": "AutoModelForSequenceClassification", "CAUSAL_LM": "AutoModelForCausalLM"}
+
+
+def build_head_adapter(dest: Path, base: Path, seed: int, **config: Any) -> Path:
+    """A PEFT folder of a fine-tuned classifier or reranker: `base` a sequence classifier, PEFT's SEQ_CLS
+    task (which saves the classifier head whole: modules_to_save), LoRA on q and v; random A and B, and
+    the head's values moved (the saved copy starts as the base's). task_type="CAUSAL_LM": a yes/no
+    reranker's (Qwen3-Reranker's), which saves no head."""
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    lora = {"task_type": "SEQ_CLS", "target_modules": ["query", "value"], "r": 4, "lora_alpha": 8, **config}
+    model = getattr(transformers, _TASK_MODELS[lora["task_type"]]).from_pretrained(str(base))
+    peft_model = get_peft_model(model, LoraConfig(**lora))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+            elif "modules_to_save" in name:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.5)
+    peft_model.save_pretrained(str(dest))
+    return dest
+
+
+def _classifier(base: Path, adapter: Path | None) -> Any:
+    """transformers' sequence classifier `base`, with PEFT's adapter loaded onto it (None: the base alone)."""
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(base))
+    return (model if adapter is None else PeftModel.from_pretrained(model, str(adapter))).eval()
+
+
+def head_reference(base: Path, adapter: Path | None, ids: list[list[int]], types: list[list[int]] | None) -> Any:
+    """transformers + PEFT's logits of these token ids (padded, masked) with the adapter on `base` (None: the
+    base's), as float32 numpy [inputs, labels]."""
+    import torch
+
+    model = _classifier(base, adapter)
+    longest = max(len(row) for row in ids)
+    mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in ids])
+    pad = model.config.pad_token_id or 0
+    inputs = {"input_ids": torch.tensor([row + [pad] * (longest - len(row)) for row in ids]), "attention_mask": mask}
+    if types is not None:
+        inputs["token_type_ids"] = torch.tensor([row + [0] * (longest - len(row)) for row in types])
+    with torch.no_grad():
+        return model(**inputs).logits.float().numpy()
+
+
+def text_reference(base: Path, adapter: Path | None, texts: list[str], pairs: list[str] | None = None) -> Any:
+    """transformers + PEFT's logits of texts (or of (text, pair) pairs, as a CrossEncoder reads them), tokenized
+    by the base's tokenizer, as float64 numpy [inputs, labels]."""
+    import torch
+    from transformers import AutoTokenizer
+
+    batch = AutoTokenizer.from_pretrained(str(base))(texts, pairs, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return _classifier(base, adapter)(**batch).logits.double().numpy()

@@ -27,15 +27,17 @@ def model_card_prompts(folder: Path, pairs: list[tuple[str, str]], max_length: i
     return [prefix + body + suffix for body in bodies]
 
 
-def model_card_scores(folder: Path, prompts: list[list[int]]) -> list[float]:
+def model_card_scores(folder: Path, prompts: list[list[int]], adapter: Path | None = None) -> list[float]:
     """P(yes): the softmax over the "no" and "yes" logits of Qwen3ForCausalLM at each prompt's last
-    token, one prompt at a time (no padding to get wrong)."""
+    token, one prompt at a time (no padding to get wrong); with PEFT's `adapter` loaded onto it if given."""
     import torch
+    from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     no, yes = tokenizer.convert_tokens_to_ids("no"), tokenizer.convert_tokens_to_ids("yes")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = (model if adapter is None else PeftModel.from_pretrained(model, str(adapter))).eval()
     scores = []
     with torch.inference_mode():
         for ids in prompts:

@@ -19,6 +19,7 @@ import os
 import struct
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -43,6 +44,19 @@ DTYPES = {
 MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
 # This process's mapped checkpoint files and their folders (weak: a mapping lives as long as a tensor on it)
 _MAPPINGS: weakref.WeakKeyDictionary[mmap.mmap, Path] = weakref.WeakKeyDictionary()
+# Each model built from a checkpoint -> how its keys were renamed to the model's parameter names
+_RENAMES: weakref.WeakKeyDictionary[nn.Module, Callable[[str], str]] = weakref.WeakKeyDictionary()
+
+
+def renamed_as(model: nn.Module, rename: Callable[[str], str]) -> None:
+    """Remember how `model`'s checkpoint keys became its names (a PEFT adapter names modules as the checkpoint does)."""
+    _RENAMES[model] = rename
+
+
+def model_name(model: nn.Module, key: str) -> str:
+    """A checkpoint's key (a task model's `bert.encoder…`, `classifier.weight`) as `model` names it."""
+    rename = _RENAMES.get(model)
+    return rename(key) if rename is not None else key
 
 
 def refuse_pickles(info: ModelFolder, allowed: bool) -> None:

@@ -20,7 +20,7 @@ from torch import nn
 
 from common.cpus import usable_cpus
 from common.folderjson import ModelError
-from engine.layers.checkpoint import read_checkpoint
+from engine.layers.checkpoint import read_checkpoint, renamed_as
 from engine.layers.packed import Packed
 
 # config.json's hidden_act -> the function, as transformers' ACT2FN computes it
@@ -342,6 +342,7 @@ def load_checkpoint(
     missing, _ = model.load_state_dict(state, strict=False, assign=True)
     if missing:
         raise ModelError(f"cannot load model from {folder}: weights missing for {missing[:5]}")
+    renamed_as(model, rename)
     # Fused in the checkpoint's dtype, then converted: a converted checkpoint's q, k and v are copied
     # once each way instead of converted and then copied again (a 4 GB bfloat16 one built in 4.7 s, not 9.3)
     # Every module with a fuse() (attention's q, k and v; Qwen3's MLP; CLIP's towers) is fused here.

@@ -7,9 +7,12 @@ An adapter is a PEFT folder (adapter_config.json + adapter_model.safetensors) tr
 transformers' AutoModel names its modules (what sentence-transformers' PEFT integration saves): the
 names are the native family's own (engine/layers/encoder.py mirrors BertModel's). A projection the
 family fuses (attention's q, k and v: `SelfAttention.PARTS`) takes each part's update in its slice.
+An adapter trained on a task model (a classifier or reranker: `bert.`, `roberta.` before the encoder's
+names) is read through the family's checkpoint renames; the head it trained (PEFT's modules_to_save)
+answers its own inputs (engine/layers/lora_heads.py).
 What the arithmetic here cannot reproduce is refused when it is loaded, the reason naming it:
-DoRA, biases, modules_to_save, per-module alphas, modules the family does not have (another
-architecture), projections of other sizes (another base).
+DoRA, biases, per-module alphas, modules the family does not have (another architecture), projections
+of other sizes (another base), saved modules outside the head.
 """
 
 from __future__ import annotations
@@ -28,18 +31,19 @@ from safetensors.torch import load_file
 from torch import nn
 
 from common.folderjson import ModelError
+from engine.layers import lora_heads
+from engine.layers.checkpoint import model_name
 from engine.layers.packed import Packed
 
 # adapter_model.safetensors' keys: [base_model.model.]MODULE.lora_A|B[.adapter name].weight (an embedding's:
-# lora_embedding_A|B, refused as a module the family has no projection for)
-_KEY = re.compile(
-    r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?:embedding_)?(?P<side>[AB])(?:\.[^.]+)?(?:\.weight)?$"
-)
+# lora_embedding_A|B, refused as a module the family has no projection for); any other key is a module
+# PEFT saved whole (modules_to_save), under the name the base checkpoint gives it
+_PREFIX = "base_model.model."
+_KEY = re.compile(r"^(?P<module>.+)\.lora_(?:embedding_)?(?P<side>[AB])(?:\.[^.]+)?(?:\.weight)?$")
 # (option, the value PEFT's LoRA arithmetic has without it): anything else is refused, named
 _UNSUPPORTED = (("use_dora", False), ("bias", "none"), ("fan_in_fan_out", False), ("lora_bias", False))
 # options that change the arithmetic or add weights beside A and B whenever set: refused, named
 _REFUSED_WHEN_SET = (
-    "modules_to_save",
     "alpha_pattern",
     "target_parameters",
     "trainable_token_indices",
@@ -69,8 +73,11 @@ class Adapters:
         self.folders: dict[str, Path] = {}  # name -> its folder
         self.bytes: dict[str, int] = {}  # name -> the bytes its updates hold on the device
         self.updates: dict[str, dict[str, Update]] = {}  # module path -> adapter name -> its update there
-        # during a forward: adapter name -> its token rows (a slice where they lie together: no gather)
-        self._rows: list[tuple[str, slice | torch.Tensor]] = []
+        self.heads: dict[str, dict[str, nn.Module]] = {}  # head module path -> adapter name -> its own copy
+        # during a forward: adapter name -> its token rows, and its input rows (the head's): a slice where
+        # they lie together (no gather)
+        self._rows: lora_heads.Rows = []
+        self._inputs: lora_heads.Rows = []
 
     @property
     def names(self) -> list[str]:
@@ -78,21 +85,32 @@ class Adapters:
 
     def add(self, name: str, folder: Path) -> None:
         """Read, check and place one adapter; ModelError (nothing added) for one the model cannot serve."""
+        read, heads = _read(name, folder, self.model)
         found = {
-            path: Update(update.a.to(self.device, self.dtype), update.b.to(self.device, self.dtype))
-            for path, update in _read(name, folder, self.model).items()
+            path: Update(u.a.to(self.device, self.dtype), u.b.to(self.device, self.dtype)) for path, u in read.items()
         }
         for path, update in found.items():
             if path not in self.updates:
                 self.updates[path] = {}
                 self.model.get_submodule(path).register_forward_hook(self._hook(path))
             self.updates[path][name] = update
+        for path, head in heads.items():
+            if path not in self.heads:
+                self.heads[path] = {}
+                self.model.get_submodule(path).register_forward_hook(
+                    lora_heads.hook(self.heads[path], self._inputs_now)
+                )
+            self.heads[path][name] = head.to(self.device, self.dtype)
         self.folders[name] = folder
-        self.bytes[name] = sum(t.numel() * t.element_size() for u in found.values() for t in (u.a, u.b))
+        self.bytes[name] = sum(t.numel() * t.element_size() for u in found.values() for t in (u.a, u.b)) + sum(
+            t.numel() * t.element_size() for head in heads.values() for t in head.parameters()
+        )
 
     def remove(self, name: str) -> None:
         for updates in self.updates.values():
             updates.pop(name, None)
+        for heads in self.heads.values():
+            heads.pop(name, None)
         self.folders.pop(name, None)
         self.bytes.pop(name, None)
 
@@ -112,6 +130,9 @@ class Adapters:
                 except Exception as exc:  # an unreadable file: this adapter refused, the engine serves on
                     refused[name] = f"adapter '{name}' ({folder}) cannot be read: {type(exc).__name__}: {exc}"
         return {"loaded": dict(self.bytes), "refused": refused}
+
+    def _inputs_now(self) -> lora_heads.Rows:
+        return self._inputs
 
     def _hook(self, path: str) -> Any:
         updates = self.updates[path]
@@ -141,21 +162,16 @@ class Adapters:
             there = ", ".join(self.names) or "none"
             raise ValueError(f"no adapter named {', '.join(sorted(unknown))} (there are: {there})")
         device = packed.ids.device
-        rows: list[tuple[str, slice | torch.Tensor]] = []
         for name in dict.fromkeys(packed.adapters):
             if name:
-                mine = [s for s, adapter in zip(packed.spans, packed.adapters, strict=True) if adapter == name]
-                first, end = mine[0][0], mine[-1][0] + mine[-1][1]
-                if end - first == sum(n for _, n in mine):  # one run of inputs: a view, no gather or scatter
-                    rows.append((name, slice(first, end)))
-                else:
-                    index = torch.cat([torch.arange(start, start + n) for start, n in mine]).to(device)
-                    rows.append((name, index))
-        self._rows = rows
+                mine = [i for i, adapter in enumerate(packed.adapters) if adapter == name]
+                self._rows.append((name, _rows([packed.spans[i] for i in mine], device)))
+                self._inputs.append((name, _rows([(i, 1) for i in mine], device)))
         try:
             yield
         finally:
-            self._rows = []
+            self._rows.clear()
+            self._inputs.clear()
 
 
 def load(adapters: Sequence[tuple[str, Path]], model: nn.Module, device: torch.device, dtype: torch.dtype) -> Adapters:
@@ -167,8 +183,16 @@ def load(adapters: Sequence[tuple[str, Path]], model: nn.Module, device: torch.d
     return loaded
 
 
-def _read(name: str, folder: Path, model: nn.Module) -> dict[str, Update]:
-    """One PEFT folder as updates by our module path."""
+def _rows(spans: list[tuple[int, int]], device: torch.device) -> slice | torch.Tensor:
+    """The rows of these (start, length) spans: a slice where they lie together, else an index."""
+    first, end = spans[0][0], spans[-1][0] + spans[-1][1]
+    if end - first == sum(n for _, n in spans):  # one run: a view, no gather or scatter
+        return slice(first, end)
+    return torch.cat([torch.arange(start, start + n) for start, n in spans]).to(device)
+
+
+def _read(name: str, folder: Path, model: nn.Module) -> tuple[dict[str, Update], dict[str, nn.Module]]:
+    """One PEFT folder as updates by our module path, and its own head's modules (lora_heads.read)."""
     config_file, weights_file = folder / "adapter_config.json", folder / "adapter_model.safetensors"
     if not config_file.is_file() or not weights_file.is_file():
         raise ModelError(f"adapter '{name}': {folder} needs adapter_config.json and adapter_model.safetensors")
@@ -179,17 +203,20 @@ def _read(name: str, folder: Path, model: nn.Module) -> dict[str, Update]:
     refused += [f"{key}={config[key]!r}" for key in _REFUSED_WHEN_SET if config.get(key)]
     if refused:
         raise ModelError(f"adapter '{name}' ({folder}) cannot be served: {', '.join(refused)} (plain LoRA only)")
-    weights = load_file(weights_file)
     pairs: dict[str, dict[str, torch.Tensor]] = {}
-    strange = []
-    for key, tensor in weights.items():
-        match = _KEY.match(key)
+    saved = {}
+    for key, tensor in load_file(weights_file).items():
+        match = _KEY.match(key.removeprefix(_PREFIX))
         if match is None:
-            strange.append(key)
+            saved[key.removeprefix(_PREFIX)] = tensor.float()
         else:
             pairs.setdefault(match["module"], {})[match["side"]] = tensor.float()
-    if strange:
-        raise ModelError(f"adapter '{name}' ({folder}) cannot be served: weights not LoRA's A and B: {strange[:5]}")
+    on_head = sorted(module for module in pairs if lora_heads.in_head(_ours(model, module)))
+    if on_head:
+        raise ModelError(
+            f"adapter '{name}' ({folder}) cannot be served: LoRA on the head ({', '.join(on_head)}), which runs per "
+            "input: train the head whole instead (modules_to_save)"
+        )
     targets = {module: _target(model, module) for module in pairs}
     missing = sorted({module.rsplit(".", 1)[-1] for module, target in targets.items() if target is None})
     if missing:
@@ -212,7 +239,8 @@ def _read(name: str, folder: Path, model: nn.Module) -> dict[str, Update]:
             )
         scale = alpha / math.sqrt(rank) if rslora else alpha / rank  # PEFT's scaling, per module's rank
         parts.setdefault(path, []).append((where, a, b * scale))
-    return {path: _stacked(found, _dims(model.get_submodule(path))[1]) for path, found in parts.items()}
+    updates = {path: _stacked(found, _dims(model.get_submodule(path))[1]) for path, found in parts.items()}
+    return updates, lora_heads.read(name, folder, model, saved)
 
 
 def _stacked(parts: list[tuple[slice, torch.Tensor, torch.Tensor]], out: int) -> Update:
@@ -229,6 +257,7 @@ def _stacked(parts: list[tuple[slice, torch.Tensor, torch.Tensor]], out: int) ->
 def _target(model: nn.Module, module: str) -> tuple[str, slice, tuple[int, int]] | None:
     """PEFT's module name -> (our projection's path, the slice of its outputs, its (in, out) features);
     None where the model has no such projection."""
+    module = _ours(model, module)
     parent_path, _, leaf = module.rpartition(".")
     try:
         parent = model.get_submodule(parent_path) if parent_path else model
@@ -244,6 +273,11 @@ def _target(model: nn.Module, module: str) -> tuple[str, slice, tuple[int, int]]
     size = _dims(child)
     assert size is not None
     return module, slice(0, size[1]), size
+
+
+def _ours(model: nn.Module, module: str) -> str:
+    """PEFT's module name (the base checkpoint's: a task model's `bert.encoder…`) as the model's."""
+    return model_name(model, f"{module}.weight").removesuffix(".weight")
 
 
 def _part(parent: nn.Module, leaf: str) -> tuple[str, slice] | None:

@@ -133,7 +133,7 @@ def _edit_config(folder: Path, **changes: Any) -> None:
     [
         ({"use_dora": True}, "use_dora"),
         ({"bias": "lora_only"}, "bias"),
-        ({"modules_to_save": ["pooler"]}, "modules_to_save"),
+        ({"alpha_pattern": {"query": 4}}, "alpha_pattern"),
     ],
 )
 def test_an_adapter_the_engine_cannot_compute_exactly_is_refused_naming_why(
