@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
             from orchestrator import forkserver
 
             forkserver.discard(spawned)
+        if spawned is not None:
+            spawned.cleanup()  # the plan's folder, where the forkserver never read it
 
 
 def _serve(args: list[str], spawned: forkserver_early.EarlyForkserver | None) -> int:
