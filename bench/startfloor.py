@@ -80,7 +80,8 @@ def main() -> None:
         keys = [k for k in results[0] if k != "ready" and all(k in r for r in results)]
         print("   " + "  ".join(f"{k} {statistics.median(r[k] for r in results):.2f}" for k in keys))
     ratio = [t["ready"] / b["ready"] for t, b in zip(runs["this"], runs["base"], strict=True)]
-    print(f"this/base ready, paired by round: median {statistics.median(ratio):.2f} (min {min(ratio):.2f}, max {max(ratio):.2f})")
+    spread = f"min {min(ratio):.2f}, max {max(ratio):.2f}"
+    print(f"this/base ready, paired by round: median {statistics.median(ratio):.2f} ({spread})")
 
 
 if __name__ == "__main__":
