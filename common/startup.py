@@ -117,8 +117,10 @@ class StartupState:
         """The phases one model's prefetch, supervisor and boot write."""
         return ModelPhases(self, model, len(self.models) > 1)
 
-    def start(self, name: str, **detail: Any) -> None:
-        self._move(name, "running", detail, start=True)
+    def start(self, name: str, at: float | None = None, **detail: Any) -> None:
+        """`name` running from now, or from `at` (a time.monotonic() reading: a phase begun before
+        this state existed, the forkserver spawned first thing)."""
+        self._move(name, "running", detail, start=True, at=at)
 
     def update(self, name: str, **detail: Any) -> None:
         with self._lock:
@@ -168,14 +170,16 @@ class StartupState:
         for record in records:
             watcher(record)
 
-    def _move(self, name: str, state: State, detail: dict[str, Any], start: bool = False) -> None:
+    def _move(
+        self, name: str, state: State, detail: dict[str, Any], start: bool = False, at: float | None = None
+    ) -> None:
         now = uptime()
         with self._lock:
             phase = self._phases[name]
             if phase.state == "failed":  # a failed phase stays failed, whatever runs on after it
                 return
             if start or phase.started_s is None:
-                phase.started_s = now
+                phase.started_s = now if at is None else at - _T0
             phase.state = state
             phase.detail.update(detail)
             phase.duration_s = None if state == "running" else now - phase.started_s

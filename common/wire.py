@@ -69,6 +69,10 @@ Keyed = tuple[int, Tokens]  # an input on the wire: the client's key for it, and
 # The forkserver's environment names the models it builds before forking engines, as a JSON list of
 # [folder, dtype] (orchestrator.forkserver.preload_weights -> engine.forkserver_preload).
 FORKSERVER_MODELS_ENV = "_WARMPOOL_FORKSERVER_MODELS"
+# A forkserver started before the settings are read (orchestrator.forkserver_early) has no such list
+# yet: its environment names a file, written once they are, as JSON {"modules": [...], "models": [...]}
+# (the rest of its preload list, the [folder, dtype] pairs) -> engine.forkserver_preload waits for it.
+FORKSERVER_PLAN_ENV = "_WARMPOOL_FORKSERVER_PLAN"
 
 
 @dataclass(frozen=True)

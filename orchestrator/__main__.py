@@ -11,11 +11,13 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from common.devices import DeviceError
-from common.settings import ApiKeyError, Settings, budget_bytes, cache_bound
-from common.startup import StartupState
-from orchestrator import platforms
+from orchestrator import forkserver_early, platforms
+
+if TYPE_CHECKING:  # the settings (pydantic) and the startup state (structlog) come after the forkserver's spawn
+    from common.settings import Settings
+    from common.startup import StartupState
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,13 +31,28 @@ def main(argv: list[str] | None = None) -> int:
 
         print(render(), end="")
         return 0
+    spawned = forkserver_early.spawn()  # torch's import overlaps this process's own from here on
+    try:
+        return _serve(args, spawned)
+    finally:
+        if spawned is not None and not spawned.settled:  # refused before its plan: it would wait for none
+            from orchestrator import forkserver
+
+            forkserver.discard(spawned)
+        if spawned is not None:
+            spawned.cleanup()  # the plan's folder, where the forkserver never read it
+
+
+def _serve(args: list[str], spawned: forkserver_early.EarlyForkserver | None) -> int:
+    from common.settings import Settings, cache_bound
+    from common.startup import StartupState
+    from orchestrator import binding, forkserver, logs
+
     args, fixed = platforms.overrides(args, os.environ)
     settings = Settings(_cli_parse_args=args, **fixed)  # type: ignore[call-arg]
     # `kill -USR1 PID` writes every thread's stack to stderr: for a process that stops answering,
     # even one whose event loop is blocked (the handler runs in C, in whichever thread gets it)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    from orchestrator import binding, forkserver, logs
-
     logs.configure(settings.log_level, settings.log_format)
     try:
         models = settings.per_model()
@@ -63,12 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     early = binding.EarlyResponder(sock, startup, hold, settings.admission_permits).start()
     refusal = _refusal(settings)
     if refusal is not None:  # shown on /health/startup for fail_linger seconds, then exit 1
+        if spawned is not None:
+            forkserver.discard(spawned)
         startup.fail(*refusal)
         time.sleep(settings.fail_linger)
         return 1
     preload = list(dict.fromkeys(module for m in models for module in forkserver.preload_for(m.model_path)))
     preload += forkserver.preload_weights(models)
-    method = forkserver.start(settings.start_method, startup, preload)
+    method = forkserver.start(settings.start_method, startup, preload, spawned)
     start_prefetch(models, startup, preload)
 
     from orchestrator.lifecycle import run_server  # fastapi, uvicorn, server.*: imported while probes answer
@@ -81,6 +100,7 @@ def _budget(settings: Settings) -> int | None:
     """WARMPOOL_MEMORY_BUDGET in bytes (a share of the cgroup's limit, or of the host's memory)."""
     if settings.memory_budget is None:
         return None
+    from common.settings import budget_bytes
     from orchestrator.memory import limit_bytes
 
     return budget_bytes(settings.memory_budget, limit_bytes())
@@ -99,6 +119,9 @@ def _refusal(settings: Settings) -> tuple[str, str] | None:
     """(phase, reason) for settings that must not start: an API key configured but empty (the
     server would serve open), a keys file that cannot be used, a device that is not there (the
     engine could not start)."""
+    from common.devices import DeviceError
+    from common.settings import ApiKeyError
+
     try:
         key = settings.resolved_api_key()
     except ApiKeyError as exc:

@@ -22,7 +22,8 @@ from common.folderjson import ModelError
 from common.modelfolder import read_model_folder
 from common.settings import Settings
 from common.startup import StartupState
-from common.wire import FORKSERVER_MODELS_ENV
+from common.wire import FORKSERVER_MODELS_ENV, FORKSERVER_PLAN_ENV
+from orchestrator.forkserver_early import EarlyForkserver, write_plan
 from orchestrator.pidfd import ProcessRef
 
 # engine.process imports torch and the engine; engine.transformers_preload adds transformers and the
@@ -84,9 +85,12 @@ class StartMethod:
         return "spawn" if self.fallback_reason else "forkserver"
 
 
-def start(method: str, startup: StartupState, preload: list[str]) -> StartMethod:
-    """Launch the forkserver now (returns at once); fall back to spawn and say why."""
+def start(method: str, startup: StartupState, preload: list[str], early: EarlyForkserver | None = None) -> StartMethod:
+    """Launch the forkserver now (returns at once), or hand the one spawned `early` the rest of its
+    preload; fall back to spawn and say why (an early one then stopped)."""
     chosen = _choose(method, preload)
+    if early is not None:
+        _follow_up(early, chosen, preload)
     if chosen.fallback_reason is None:
         try:
             from multiprocessing import forkserver
@@ -94,11 +98,32 @@ def start(method: str, startup: StartupState, preload: list[str]) -> StartMethod
             forkserver.ensure_running()
         except Exception as exc:
             chosen = StartMethod(multiprocessing.get_context("spawn"), f"forkserver failed: {exc}")
-    startup.start("forkserver", method=chosen.name)
+    startup.start("forkserver", method=chosen.name, at=early.spawned if early and not chosen.fallback_reason else None)
     if chosen.fallback_reason:
         log.warning("forkserver_unavailable", reason=chosen.fallback_reason)
         startup.update("forkserver", fallback_reason=chosen.fallback_reason)
     return chosen
+
+
+def _follow_up(early: EarlyForkserver, chosen: StartMethod, preload: list[str]) -> None:
+    """The early forkserver's plan: the preload modules it has not imported and the models it builds
+    (or, where the settings chose spawn, it is stopped). A forkserver started after this (a
+    replacement) takes the whole list, and the models from its environment, as if never early."""
+    os.environ.pop(FORKSERVER_PLAN_ENV, None)
+    if chosen.fallback_reason is not None:
+        discard(early)
+        return
+    models = json.loads(os.environ.get(FORKSERVER_MODELS_ENV, "[]"))
+    write_plan(early, [m for m in preload if m not in (ENGINE, WEIGHTS)], models)
+
+
+def discard(early: EarlyForkserver) -> None:
+    """Stop a forkserver spawned early that will not serve (spawn chosen, settings refused): it forked
+    nothing yet, so it is killed at once rather than asked."""
+    os.environ.pop(FORKSERVER_PLAN_ENV, None)
+    stop(StartMethod(multiprocessing.get_context("forkserver")), timeout_s=0.0)
+    early.cleanup()
+    early.settled = True
 
 
 def _choose(method: str, preload: list[str]) -> StartMethod:

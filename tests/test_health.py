@@ -19,6 +19,13 @@ def test_every_phase_has_finished_with_durations(server: ServerProcess) -> None:
         assert phase["started_s"] >= 0 and phase["duration_s"] >= 0, phase
 
 
+def test_the_forkserver_is_spawned_before_the_settings_are_read(server: ServerProcess) -> None:
+    """Its torch import (the start's floor) overlaps the HTTP process's own imports: the forkserver
+    phase starts before bind, which waits for the settings (pydantic) and the logging (structlog)."""
+    phases = {p["name"]: p for p in server.get("/health/startup").json()["phases"]}
+    assert phases["forkserver"]["started_s"] < phases["bind"]["started_s"], phases
+
+
 def test_prefetch_read_the_files_serving_reads(server: ServerProcess, model_dir) -> None:  # type: ignore[no-untyped-def]
     """Prefetch covered (read, or found in the page cache) the config files, the tokenizer and the
     weights, and nothing else of the folder (its README, vocab.txt and data_config.json are never loaded)."""

@@ -37,6 +37,11 @@ class Admission:
             self._used += wanted
             return wanted
 
+    def full(self) -> bool:
+        """No permit left for any request, whatever its priority (read without the lock: a stale
+        answer only moves one refusal from before the body to after it)."""
+        return self._used >= self.capacity
+
     def bulk_fits(self) -> bool:
         """Whether bulk work may go on now: the permits in use are within the bulk share."""
         return self._used <= self.bulk_capacity

@@ -26,7 +26,7 @@ from server.core.engine_client import Outcome
 from server.core.engine_wait import adapter_in_use, run_on_engine
 from server.core.inputs import ModelStarting, RequestContext, overloaded
 from server.core.outputs import RawBody
-from server.core.services import Services, services
+from server.core.services import ServedModel, Services, services
 from server.core.timings import Timings
 from server.http.errors import APIError, ClientDisconnected, Shape, bad_request
 from server.protocols.openai import PRIORITY_LIMIT
@@ -162,6 +162,15 @@ def at_priority(
     return prepared
 
 
+def refuse_when_full(svc: Services, served: ServedModel) -> None:
+    """429 before the body is read when no permit is left: a flood's refusals cost no body read,
+    parse or task. Only where the server's permits are the ones any model the body may name would
+    take (with several models each has its own: the body decides which, so it is read first)."""
+    if served.admission is None and svc.admission.full():
+        svc.metrics.rejections.labels(reason="overloaded").inc()
+        raise overloaded()
+
+
 @contextlib.contextmanager
 def admitted(svc: Services, shape: Shape = "openai", priority: int = 0) -> Iterator[RequestContext]:
     """A request context holding the request's first admission permit (taken on the loop, so a full
@@ -192,8 +201,9 @@ async def answer(request: Request, prepare: Prepare, render: Render, shape: Shap
     traced: dict[str, Any] = {"timings": timings}  # a failed request's trace has its stages too
     request.state.traced = traced
     with in_shape(shape):
-        await svc.serving_model()  # 503 before reading the body of a request that cannot be served
+        served = await svc.serving_model()  # 503 before reading the body of a request that cannot be served
         priority = header_priority(request)
+        refuse_when_full(svc, served)
         raw = await read_body(request, svc)
     timings.arrived = time.perf_counter()  # tokenization time counts from here, not from the upload
     gone = asyncio.ensure_future(_client_gone(request))

@@ -4,6 +4,7 @@ and Cohere's {"id", "message"} for requests made in those surfaces' shapes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from typing import Any, Literal
@@ -11,7 +12,7 @@ from typing import Any, Literal
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -73,15 +74,27 @@ def field_of(where: str) -> str:
     return where.split("[")[0].split(".")[0]
 
 
-def error_response(exc: APIError) -> JSONResponse:
-    body: dict[str, Any]
+def error_response(exc: APIError) -> Response:
+    if exc.status == 429 and exc.param is None and not exc.extra and exc.shape != "cohere":
+        # a flood's refusals: the same few bodies (the overload's, a tenant's quotas), encoded once
+        body_bytes = _refusal_body(exc.shape, exc.message, exc.code)
+        return Response(body_bytes, status_code=429, headers=exc.headers, media_type="application/json")
+    return JSONResponse(_body(exc), status_code=exc.status, headers=exc.headers)
+
+
+@functools.lru_cache(maxsize=64)  # bounded: the 429s' messages name a limit or a tenant, never the input
+def _refusal_body(shape: Shape, message: str, code: str | None) -> bytes:
+    exc = APIError(429, message, code=code)
+    exc.shape = shape
+    return bytes(JSONResponse(_body(exc)).body)
+
+
+def _body(exc: APIError) -> dict[str, Any]:
     if exc.shape == "tei":
-        body = {"error": exc.message, "error_type": _TEI_TYPES.get(exc.status, "validation")}
-    elif exc.shape == "cohere":
-        body = {"id": str(uuid.uuid4()), "message": exc.message}
-    else:
-        body = openai_body(exc)
-    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+        return {"error": exc.message, "error_type": _TEI_TYPES.get(exc.status, "validation")}
+    if exc.shape == "cohere":
+        return {"id": str(uuid.uuid4()), "message": exc.message}
+    return openai_body(exc)
 
 
 def openai_body(exc: APIError) -> dict[str, Any]:
@@ -118,7 +131,7 @@ def from_validation(errors: list[Any]) -> APIError:
 _UNION_TAGS = {"str", "int", "list", "float", "bool", "dict", "function-after"}
 
 
-def response_for(exc: Exception) -> JSONResponse:
+def response_for(exc: Exception) -> Response:
     """The OpenAI-shaped answer to any exception a route raised: FastAPI's handlers and the direct
     routes (server.http.direct) both answer through this one function."""
     return error_response(api_error(exc))
@@ -142,7 +155,7 @@ def api_error(exc: Exception) -> APIError:
 
 
 def install(app: FastAPI) -> None:
-    async def handler(_: Request, exc: Exception) -> JSONResponse:
+    async def handler(_: Request, exc: Exception) -> Response:
         return response_for(exc)
 
     # Exception is handled by Starlette's outermost middleware; the others by its inner one.

@@ -88,7 +88,9 @@ class RequestTracking:
         timings = access.get("timings")
         if timings is not None:
             self.svc.metrics.tokenization_time.observe(timings.tokenization_ms / 1000)
-        log = access_log.debug if self._quiet(path) else access_log.info
+        # refusals too: under a flood, a line for each 429 was most of the CPU a refusal cost (the
+        # metrics count them: warmpool_requests_total's status, warmpool_rejections_total)
+        log = access_log.debug if status == 429 or self._quiet(path) else access_log.info
         log(
             "request",
             **ids,
