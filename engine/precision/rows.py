@@ -50,6 +50,8 @@ class RowBucketed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         n = rows.shape[0]
+        if not torch.compiler.is_compiling() and n % self.step == 0:
+            return self.inner(x)  # eager, already on the step: no copy (exported, n is symbolic: padded always)
         padded = F.pad(rows, (0, 0, 0, (-n) % self.step))  # traceable: a token count exported dynamic
         out = self.inner(padded)[:n]
         return out.view(*x.shape[:-1], out.shape[-1])
