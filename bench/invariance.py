@@ -46,8 +46,8 @@ from bench.invariance_client import (
 )
 from tests.server_process import ServerProcess, wait_for
 
-# ~20 tokens; a probe of 11 tokens or fewer (--probe) is alone on a float32 GEMM of that few rows, whose
-# 2-thread path gives other bits than the same rows inside a larger product (one thread: the same)
+# ~20 tokens; a probe of 11 tokens or fewer (--probe) tests float32's products of few rows, whose 2-thread
+# path gave other bits than the same rows inside a larger product (now padded to 4 rows: engine/precision/rows.py)
 PROBE = "the model server answers quickly while batching many small requests into one pass over weights"
 CELLS: dict[str, dict[str, Any]] = {  # name -> settings (compiled cells get the warm cache)
     "f32-eager-e1": {"dtype": "float32", "compile": "off", "engines": 1},

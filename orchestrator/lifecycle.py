@@ -28,6 +28,7 @@ from orchestrator.supervisor import EngineStartError, EngineSupervisor
 from server.core.adapters import model_adapters
 from server.core.admission import Admission
 from server.core.engine_client import BatchStats, EngineClient
+from server.core.engine_modes import EAGER
 from server.core.services import ServedModel, Services
 from server.http import tracing
 from server.http.app import create_app, with_middleware
@@ -107,7 +108,7 @@ class EngineWiring:
             self.client.group_s = float(warmup.get("ms_per_token", 0.0)) * int(warmup.get("group_tokens") or 0) / 1000
             self.client.stall_timeout_s = timeout
             self.phases.update("engine", stall_timeout_s=round(timeout, 1), stalled=[])
-        self.client.attach(slot, conn)
+        self.client.attach(slot, conn, (warmup.get("compile") or {}).get("mode", EAGER))
 
     def engine_restarted(self, slot: int) -> None:
         self.services.metrics.restarts.labels(model=self.phases.model).inc()

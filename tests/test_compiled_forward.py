@@ -6,6 +6,7 @@ spreads them over its workers."""
 from __future__ import annotations
 
 import os
+import random
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
@@ -89,3 +90,22 @@ def test_a_reduced_precision_package_agrees_with_its_eager_engine(
     compiled = eager_answers(folder, model)
     assert compiled.shape == eager.shape and np.isfinite(compiled).all()
     np.testing.assert_allclose(compiled, eager, atol=AGREE[precision], rtol=AGREE[precision])
+
+
+def test_a_compiled_forward_gives_an_input_the_same_bits_alone_and_in_any_group(
+    tiny: TinyFolders, tmp_path: Path
+) -> None:
+    """float32 compiled as served (its projections' rows on a multiple of 4: engine/precision/rows.py):
+    short inputs, alone, have the bits they get inside groups of other inputs of other lengths."""
+    model = PoolingModel(read_model_folder(tiny["bert"]), threads=2)
+    build_package(model.model, Packed.of([Tokens([5] * n) for n in (3, 5, 9)]), tmp_path / "artifact")
+    model.compiled = CompiledForward(tmp_path / "artifact", model.model, tmp_path / "unpacked")
+    rng = random.Random(3)
+    for length in (1, 3, 5, 11):
+        probe = Tokens([rng.randrange(5, 90) for _ in range(length)])
+        alone = model.forward([probe])[0].tobytes()
+        for size in (1, 2, 6, 17):
+            others = [Tokens([rng.randrange(5, 90) for _ in range(rng.randint(1, 40))]) for _ in range(size)]
+            at = rng.randint(0, size)
+            got = model.forward([*others[:at], probe, *others[at:]])[at]
+            assert got.tobytes() == alone, f"a {length}-token input beside {size} others"

@@ -1,4 +1,5 @@
-"""Projections in bfloat16 and float16 on the CPU, with their row count rounded up to a step.
+"""Projections on the CPU with their row count rounded up to a step: bfloat16 and float16 for
+oneDNN's kernel caches, float32 for batch invariance.
 
 Those products run in oneDNN (AMX or AVX512-BF16/FP16), which builds a kernel for each shape it is
 given and keeps it: a primitive of its own and one in torch's ideep layer, each holding about a
@@ -12,8 +13,14 @@ so no token sees them: each row of a product depends on its own input row alone.
 
 The two caches are also capped (CACHE_ENTRIES each), for lengths past what the steps keep few:
 a bound on memory whatever the inputs.
-float32 products (MKL) cache nothing per shape, and padding them only cost time: they are left as
-they are, and so are int8 ones (engine/precision/int8.py).
+float32 products cache nothing per shape, but on this CPU (AMD Zen 4, torch 2.13's MKL/oneDNN sgemm)
+a product of M rows where M % 4 is 1, 2 or 3 and M is small for the thread count (below 4 rows on 1
+thread, 12 on 2, 28 on 16, 172 on 64) gives some rows other bits than the same rows inside a larger
+product: an input's vector then depended on how many tokens shared its group (a 3-token text alone,
+or an 11-token one on 2 threads). No multiple of 4 did, at any count or thread number measured, so
+every float32 projection of the model (heads and Dense modules too: their rows are the inputs) runs
+on a multiple of FLOAT32_STEP: at most 3 zero rows. int8 products accumulate in int32, exactly:
+their layers are left as they are (engine/precision/int8.py), their float32 heads wrapped.
 """
 
 from __future__ import annotations
@@ -26,22 +33,26 @@ import torch.nn.functional as F
 from torch import nn
 
 ROW_STEP = 16  # rows rounded up to a multiple of this: at most 15 zero rows a product
+FLOAT32_STEP = 4  # float32's: the smallest row multiple whose rows keep their bits in any product
 CACHE_ENTRIES = "256"  # oneDNN's and ideep's kernel caches, each (default 1024)
 CACHE_SETTINGS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 BUCKETED_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class RowBucketed(nn.Module):
-    """A projection called on a multiple of ROW_STEP rows: zero rows added, their outputs cut off."""
+    """A projection called on a multiple of `step` rows: zero rows added, their outputs cut off."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: nn.Module, step: int = ROW_STEP) -> None:
         super().__init__()
         self.inner = inner
+        self.step = step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         n = rows.shape[0]
-        padded = F.pad(rows, (0, 0, 0, (-n) % ROW_STEP))  # traceable: a token count exported dynamic
+        if not torch.compiler.is_compiling() and n % self.step == 0:
+            return self.inner(x)  # eager, already on the step: no copy (exported, n is symbolic: padded always)
+        padded = F.pad(rows, (0, 0, 0, (-n) % self.step))  # traceable: a token count exported dynamic
         out = self.inner(padded)[:n]
         return out.view(*x.shape[:-1], out.shape[-1])
 
@@ -58,14 +69,21 @@ def layer_projections(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Lin
 
 
 def bucket(model: nn.Module, device: torch.device, dtype: torch.dtype) -> int:
-    """Wrap the layers' projections in RowBucketed where they run in oneDNN's reduced precision on
-    the CPU, in place, and cap its caches; the number wrapped."""
-    if device.type != "cpu" or dtype not in BUCKETED_DTYPES:
+    """Wrap projections in RowBucketed, in place; the number wrapped. The layers' projections where they
+    run in oneDNN's reduced precision on the CPU (its caches capped); every float32 one on the CPU."""
+    if device.type != "cpu":
         return 0
-    cap_kernel_caches()
-    found = list(layer_projections(model))
+    if dtype == torch.float32:
+        parents = [m for m in model.modules() if not isinstance(m, RowBucketed)]  # wrapped once, however called
+        found = [(p, n, c) for p in parents for n, c in list(p.named_children()) if type(c) is nn.Linear]
+        step = FLOAT32_STEP
+    elif dtype in BUCKETED_DTYPES:
+        cap_kernel_caches()
+        found, step = list(layer_projections(model)), ROW_STEP
+    else:
+        return 0
     for parent, name, child in found:
-        setattr(parent, name, RowBucketed(child))
+        setattr(parent, name, RowBucketed(child, step))
     return len(found)
 
 

@@ -54,6 +54,8 @@ class PoolingModel:
         # after the pooling; a ColBERT's project every token (in the native model itself, engine/heads/multivector.py)
         projects = info.kind == "embedding" or (info.kind == "multi-vector" and not info.native)
         self.dense = dense.load(info.dense, device, dtype) if projects else None
+        if self.dense is not None:  # one row per input: float32's rows kept to a multiple (engine/precision/rows.py)
+            rows.bucket(self.dense, device, dtype)
         self.compiled: Callable[[Packed], torch.Tensor] | None = None  # set by engine.compiling.compilation
         # bge-m3's heads: small (hidden x (1 + hidden)), loaded here rather than in the forkserver;
         # refused ones (not tensors only) leave the dense vector, the reason in the load report
@@ -62,6 +64,7 @@ class PoolingModel:
         if info.m3 is not None:
             try:
                 self.m3 = m3.load(info.m3, info.hidden_size, device, dtype)
+                rows.bucket(self.m3, device, dtype)
             except m3.Refused as exc:
                 self.m3_refused = str(exc)
         self.default_head = default_head(info)  # what an input naming no head gets (engine/heads)

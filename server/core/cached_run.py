@@ -55,6 +55,9 @@ class Lookup:
 
     keys: list[bytes]
     rows: list[Value | None]
+    # whether answers computed now may be kept under these keys: the engines still run the mode they
+    # were made for (server/core/engine_modes.py)
+    keep: Callable[[], bool] = lambda: True
 
 
 class ResultCache:
@@ -69,7 +72,7 @@ class ResultCache:
         self._metrics = metrics
         self._executor = executor
         self._flight: dict[bytes, asyncio.Future[Value]] = {}  # inputs being run now, by key
-        self._digests: dict[str, tuple[int, str]] = {}  # model name -> (its engine client's id, its digest)
+        self._digests: dict[tuple[str, str], tuple[int, str]] = {}  # (model, mode) -> (engine client's id, digest)
         self._digest_lock = threading.Lock()
         self._adapter_digests: dict[tuple[str, str, int], str] = {}  # (model, adapter, its load) -> digest
         self._per_model: dict[str, Settings] | None = None
@@ -80,17 +83,18 @@ class ResultCache:
     def _shared_failed(self, op: str) -> None:
         self._metrics.cache_shared_errors.labels(op=op).inc()
 
-    def digest(self, model: ServedModel) -> str:
-        """The model's digest (result_cache.model_digest), made once per load of it (on the executor)."""
+    def digest(self, model: ServedModel, mode: str) -> str:
+        """The model's digest (result_cache.model_digest) with its engines' forward (eager or compiled),
+        made once per load of it and mode (on the executor)."""
         with self._digest_lock:
-            known = self._digests.get(model.name)
+            known = self._digests.get((model.name, mode))
             if known is not None and known[0] == id(model.engine):
                 return known[1]
             if self._per_model is None:
                 self._per_model = {m.model_name: m for m in self._settings.per_model()}
             ms = self._per_model.get(model.name, self._settings)
-            made = model_digest(ms.model_path, ms.dtype, ms.resolved_device, ms.compile)
-            self._digests[model.name] = (id(model.engine), made)
+            made = model_digest(ms.model_path, ms.dtype, ms.resolved_device, mode)
+            self._digests[(model.name, mode)] = (id(model.engine), made)
             return made
 
     def _adapter(self, model: ServedModel, name: str) -> str:
@@ -105,10 +109,16 @@ class ResultCache:
         return made
 
     def lookup(self, model: ServedModel, tokens: list[Tokens]) -> Lookup:
-        """On the executor: each input's key, and its answer where the LRU holds it."""
-        digest = self.digest(model)
+        """On the executor: each input's key, and its answer where the LRU holds it. While the model's
+        engines run different forwards (a compile switch under way) nothing is looked up nor kept: the
+        keys only join identical inputs in flight."""
+        mode, changes = model.engine.modes.serving()
+        digest = self.digest(model, mode or "mixed")
         keys = [input_key(digest, t, self._adapter(model, t.adapter)) for t in tokens]
-        return Lookup(keys, [self._decoded(self.lru.get(k)) for k in keys])
+        if mode is None:
+            return Lookup(keys, [None] * len(keys), lambda: False)
+        unchanged = lambda: model.engine.modes.serving() == (mode, changes)  # noqa: E731
+        return Lookup(keys, [self._decoded(self.lru.get(k)) for k in keys], unchanged)
 
     @staticmethod
     def _decoded(data: bytes | None) -> Value | None:
@@ -128,7 +138,8 @@ class ResultCache:
             self.shared.start()
         keys, rows = found.keys, list(found.rows)
         hits = {"local": sum(r is not None for r in rows), "shared": 0, "flight": 0}
-        await self._from_shared(keys, rows, hits)
+        if found.keep():
+            await self._from_shared(keys, rows, hits)
         leaders: dict[bytes, int] = {}  # key -> its first position: run here
         followers: dict[bytes, asyncio.Future[Value]] = {}  # key -> another request's run of it
         for i, key in enumerate(keys):
@@ -149,16 +160,17 @@ class ResultCache:
         stored: list[tuple[bytes, bytes]] = []
         try:
             everything = len(leaders) == len(keys)  # all distinct misses: the engine client's `then` renders
-            ran = await self._forward(leaders, tokens, submit, fresh, flights, then if everything else None, stored)
+            first = then if everything else None
+            ran = await self._forward(leaders, tokens, submit, fresh, flights, first, stored, found.keep)
             retry = await self._await_others(followers, rows, keys, deadline)
-            ran = await self._forward(retry, tokens, submit, fresh, {}, None, stored) or ran
+            ran = await self._forward(retry, tokens, submit, fresh, {}, None, stored, found.keep) or ran
             if everything and ran is not None:
                 outcome = ran
             else:
                 rows = [fresh[key] if row is None else row for key, row in zip(keys, rows, strict=True)]
                 outcome = Outcome.of(rows, ran.queue_ms if ran else 0.0, ran.inference_ms if ran else 0.0)  # type: ignore[arg-type]
                 outcome.rendered = await loop.run_in_executor(
-                    self._executor, self._store_and_render, fresh, outcome, then, stored
+                    self._executor, self._store_and_render, fresh, outcome, then, stored, found.keep
                 )
         finally:
             for key, future in flights.items():
@@ -206,6 +218,7 @@ class ResultCache:
         flights: dict[bytes, asyncio.Future[Value]],
         then: Callable[[Outcome], Any] | None,
         stored: list[tuple[bytes, bytes]],
+        keep: Callable[[], bool],
     ) -> Outcome | None:
         """The engine's answers for these inputs (one each), into `fresh`, and to those waiting for them."""
         if not leaders:
@@ -213,7 +226,9 @@ class ResultCache:
         order = list(leaders)
         wrapped = None
         if then is not None:
-            wrapped = lambda out: self._store_and_render(dict(zip(order, out.vectors, strict=True)), out, then, stored)  # noqa: E731
+            wrapped = lambda out: self._store_and_render(  # noqa: E731
+                dict(zip(order, out.vectors, strict=True)), out, then, stored, keep
+            )
         try:
             outcome = await submit([tokens[i] for i in leaders.values()], wrapped)
         except BaseException:
@@ -258,9 +273,11 @@ class ResultCache:
         outcome: Outcome,
         then: Callable[[Outcome], Any],
         stored: list[tuple[bytes, bytes]],
+        keep: Callable[[], bool],
     ) -> Any:
-        """On the executor: this request's new answers into the LRU (their bytes kept for Redis), then the response."""
-        for key, value in fresh.items():
+        """On the executor: this request's new answers into the LRU (their bytes kept for Redis), then the
+        response. Not kept where an engine changed its forward since the lookup: they may be either's bits."""
+        for key, value in fresh.items() if keep() else ():
             data = encode(value)
             self._put(key, data)
             stored.append((key, data))

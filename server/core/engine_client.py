@@ -27,6 +27,7 @@ import structlog
 from common.wire import Keyed, Msg, Tokens
 from server.core.engine_adapters import AdapterFolders, EngineAdapters
 from server.core.engine_events import BatchStats, EngineEvents
+from server.core.engine_modes import EAGER, EngineModes
 from server.core.engine_pipe import EnginePipe
 
 
@@ -106,6 +107,7 @@ class EngineClient:
         self._entries: dict[int, _Entry] = {}
         self._slots: dict[int, EnginePipe] = {}
         self._stopped = False
+        self.modes = EngineModes()  # which forward each engine runs: the result cache keys by it
         self._reported: set[EnginePipe] = set()  # stalls already reported, once per pipe
         self._stalled: set[int] = set()  # slots routed around: no answer for STALLED_SHARE of the timeout
         self.stall_timeout_s = stall_timeout_s  # None until known: no watchdog before then
@@ -123,12 +125,14 @@ class EngineClient:
         with self._lock:
             return len(self._entries)
 
-    def attach(self, slot: int, conn: Connection) -> None:
-        """An engine is ready: it takes what no live engine holds, then its share of new work."""
+    def attach(self, slot: int, conn: Connection, mode: str = EAGER) -> None:
+        """An engine is ready (running `mode`'s forward): it takes what no live engine holds, then its
+        share of new work."""
         with self._lock:
             if self._stopped:  # a restart that finished while the server stopped: let it exit
                 conn.close()
                 return
+            self.modes.set(slot, mode)
             self._slots[slot] = pipe = EnginePipe(slot, conn, self._on_message, self._on_lost)
             self.adapters.attached(pipe)  # before its first input
             self._dispatch([e for e in self._entries.values() if e.slot is None])
@@ -213,6 +217,7 @@ class EngineClient:
                 keys, message = body
                 self._on_error(keys, message, pipe.slot)
             elif kind == Msg.COMPILE:
+                self.modes.set(pipe.slot, str(body.get("mode", EAGER)))  # before any row it computes compiled
                 self._events.engine_compile(pipe.slot, body)
             elif kind == Msg.ADAPTERS:
                 self.adapters.answered(pipe.slot, body)
@@ -354,6 +359,7 @@ class EngineClient:
             if self._slots.get(slot) is not pipe:
                 return  # stopped on purpose, or already replaced
             del self._slots[slot]
+            self.modes.drop(slot)
             orphans = [e for e in self._entries.values() if e.slot == slot]
             given_up = []
             for req in self._requests_of(orphans):

@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import threading
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
+import pytest
 
+from server.core.engine_modes import EngineModes
 from tests.app.inprocess import InProcessServer
 
 
@@ -104,3 +109,65 @@ def test_status_and_startup_show_the_cache(server: InProcessServer) -> None:
     for figures in (status, startup):
         assert figures["enabled"] and figures["entries"] >= 1 and 0 < figures["bytes"] <= figures["bound_bytes"]
         assert figures["hits"]["local"] >= 1 and figures["misses"] >= 1
+
+
+def engines(server: InProcessServer) -> EngineModes:
+    (model,) = server.services.models.values()
+    return model.engine.modes
+
+
+@contextlib.contextmanager
+def engines_running(server: InProcessServer, mode: str, slot: int | None = None) -> Iterator[None]:
+    """The engines (or one more `slot`) as if they had said they run `mode`: the shared app's left eager."""
+    modes = engines(server)
+    slots = modes.slots if slot is None else [slot]
+    for s in slots:
+        modes.set(s, mode)
+    try:
+        yield
+    finally:
+        for s in slots:
+            modes.set(s, "eager") if slot is None else modes.drop(s)
+
+
+def test_an_answer_kept_from_eager_engines_is_not_served_once_they_run_compiled(server: InProcessServer) -> None:
+    """A compiled forward's bits differ from eager's: the key holds the forward that computed the answer."""
+    one = text()
+    assert embed(server, one).headers["x-cache"] == "miss"
+    with engines_running(server, "compiled"):
+        assert embed(server, one).headers["x-cache"] == "miss"
+        assert embed(server, one).headers["x-cache"] == "hit"
+    assert embed(server, one).headers["x-cache"] == "hit"  # eager's entry, kept
+
+
+def test_nothing_is_kept_while_engines_run_different_forwards(server: InProcessServer) -> None:
+    """Between one engine's switch to its compiled forward and the last one's, either may answer."""
+    one = text()
+    with engines_running(server, "compiled", slot=99):
+        assert embed(server, one).headers["x-cache"] == "miss"
+        assert embed(server, one).headers["x-cache"] == "miss"
+    assert embed(server, one).headers["x-cache"] == "miss"
+
+
+def test_an_answer_is_not_kept_when_an_engine_switched_while_it_ran(
+    server: InProcessServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Looked up while every engine ran eager, answered after one said it runs compiled: not kept."""
+    (model,) = server.services.models.values()
+    submit = model.engine.submit
+    modes = engines(server)
+
+    def switching(*args: Any, **kwargs: Any) -> Any:
+        for slot in modes.slots:
+            modes.set(slot, "compiled")
+        return submit(*args, **kwargs)
+
+    monkeypatch.setattr(model.engine, "submit", switching)
+    one = text()
+    try:
+        assert embed(server, one).headers["x-cache"] == "miss"
+    finally:
+        for slot in modes.slots:
+            modes.set(slot, "eager")
+        monkeypatch.undo()
+    assert embed(server, one).headers["x-cache"] == "miss"

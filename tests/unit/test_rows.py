@@ -66,13 +66,25 @@ def test_the_layers_projections_are_wrapped_in_half_precision_on_the_cpu(
 
 
 @pytest.mark.parametrize(
-    ("device", "dtype"), [("cpu", torch.float32), ("cuda", torch.bfloat16), ("cuda", torch.float16)]
+    ("device", "dtype"), [("cuda", torch.float32), ("cuda", torch.bfloat16), ("cuda", torch.float16)]
 )
-def test_float32_and_gpus_are_left_as_they_are(device: str, dtype: torch.dtype) -> None:
-    """float32 products cache nothing per shape, and a GPU's are not oneDNN's: nothing wrapped."""
+def test_gpus_are_left_as_they_are(device: str, dtype: torch.dtype) -> None:
+    """A GPU's products are neither oneDNN's nor MKL's: nothing wrapped."""
     m = model()
     assert bucket(m, torch.device(device), dtype) == 0
     assert type(m["layers"][0]["a"]) is nn.Linear
+
+
+def test_every_float32_projection_on_the_cpu_runs_on_a_multiple_of_4_rows() -> None:
+    """float32: the head too (its rows are the inputs), at step 4; wrapping twice wraps nothing more."""
+    m = model()
+    assert bucket(m, torch.device("cpu"), torch.float32) == 5
+    assert bucket(m, torch.device("cpu"), torch.float32) == 0
+    assert isinstance(m["head"], RowBucketed) and m["head"].step == rows.FLOAT32_STEP == 4
+    inner = Recording()
+    with torch.no_grad():
+        RowBucketed(inner, rows.FLOAT32_STEP)(torch.randn(5, 8))
+    assert inner.calls == [8]
 
 
 def test_the_kernel_caches_are_capped_unless_the_operator_sized_them(monkeypatch: pytest.MonkeyPatch) -> None:
