@@ -11,6 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
+
+from google.protobuf import descriptor_pool
 
 PROTO = Path(__file__).resolve().parents[1] / "server" / "grpc" / "proto" / "tei.proto"
 
@@ -24,7 +27,14 @@ def tei_stubs(folder: Path) -> Iterator[SimpleNamespace]:
     args = ["protoc", f"-I{folder}", f"--python_out={folder}", f"--grpc_python_out={folder}", "tei.proto"]
     assert protoc.main(args) == 0
     sys.path.insert(0, str(folder))
+    # the messages in a pool of their own: another tei.proto (tei-client's, an older TEI's) may be in
+    # the default pool of this process already, and protobuf refuses a second file of that name
+    own = descriptor_pool.DescriptorPool()
     try:
-        yield SimpleNamespace(pb=importlib.import_module("tei_pb2"), rpc=importlib.import_module("tei_pb2_grpc"))
+        with mock.patch.object(descriptor_pool, "Default", lambda: own):
+            stubs = SimpleNamespace(pb=importlib.import_module("tei_pb2"), rpc=importlib.import_module("tei_pb2_grpc"))
+        yield stubs
     finally:
         sys.path.remove(str(folder))
+        for name in ("tei_pb2", "tei_pb2_grpc"):
+            sys.modules.pop(name, None)
