@@ -67,6 +67,11 @@ class Served:
         return sum(float(line.split()[-1]) for line in lines if line.startswith("warmpool_batch_size_count"))
 
 
+# Settings every ServerProcess gets unless its caller names them (bench/__init__.py: the result cache
+# off, so a benchmark measures the engine's path, not repeated texts answered from the cache)
+DEFAULT_SETTINGS: dict[str, Any] = {}
+
+
 class ServerProcess(Served):
     def __init__(
         self,
@@ -86,7 +91,7 @@ class ServerProcess(Served):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("WARMPOOL_", "AIP_", "SAGEMAKER_"))}
         # compiling is tested where asked for: elsewhere a background compile would only load the machine
         env.update({"HF_HUB_OFFLINE": "1", "WARMPOOL_LOG_FORMAT": "json", "WARMPOOL_COMPILE": "off"})
-        env.update({f"WARMPOOL_{k.upper()}": str(v) for k, v in settings.items()})
+        env.update({f"WARMPOOL_{k.upper()}": str(v) for k, v in {**DEFAULT_SETTINGS, **settings}.items()})
         env.update({"WARMPOOL_MODEL": str(model), "WARMPOOL_PORT": str(self.port), **(environ or {})})
         if port_variable != "WARMPOOL_PORT":
             env.update({port_variable: str(self.port), "WARMPOOL_PORT": str(free_port())})
