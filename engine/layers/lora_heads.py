@@ -21,6 +21,7 @@ from torch import nn
 
 from common.folderjson import ModelError
 from engine.layers.checkpoint import model_name
+from engine.precision.rows import RowBucketed
 
 # What the native families run after pooling (engine/layers/encoder.py's TanhHead; ModernBERT's head
 # and classifier): their modules see one row per input
@@ -58,7 +59,8 @@ def read(name: str, folder: Path, model: nn.Module, saved: dict[str, torch.Tenso
         own = copy.deepcopy(model.get_submodule(path)).requires_grad_(False)
         for module in own.modules():
             module._forward_hooks.clear()  # the base's (another adapter's copy in place): not the copy's
-        mine = dict(own.named_parameters())
+        weights = own.inner if isinstance(own, RowBucketed) else own  # a float32 head runs on padded rows
+        mine = dict(weights.named_parameters())
         for param, (key, tensor) in sorted(tensors.items(), key=lambda item: item[0] != "weight"):
             if param not in mine:
                 raise ModelError(f"{where} cannot be served: this model's head has no place for its {key}")
@@ -67,7 +69,7 @@ def read(name: str, folder: Path, model: nn.Module, saved: dict[str, torch.Tenso
                     f"{where} cannot be served: its {key} is {list(tensor.shape)}, this model's "
                     f"{list(mine[param].shape)} (another label count: an adapter answers with its base's labels)"
                 )
-        own.load_state_dict({param: tensor for param, (_, tensor) in tensors.items()}, strict=False)
+        weights.load_state_dict({param: tensor for param, (_, tensor) in tensors.items()}, strict=False)
         copies[path] = own  # what the adapter did not save stays the base's
     return copies
 
