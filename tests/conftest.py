@@ -7,8 +7,13 @@ from typing import Any
 
 import pytest
 
-from tests.server_process import ROOT, ServerProcess, serving
+from tests.server_process import DEFAULT_SETTINGS, ROOT, ServerProcess, serving
 from tests.tiny_models import TinyFolders
+
+# Process tests are about engines, processes and signals: their servers run with the result cache
+# off, or their repeated texts (a stall, a flood, a kill under load) would be answered from it and
+# never reach an engine. The cache is tested in the app layer (tests/app/test_result_cache*.py).
+DEFAULT_SETTINGS.setdefault("cache_bytes", "0")
 
 os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"})
 MODEL_DIR = ROOT / "models" / "all-MiniLM-L6-v2"
