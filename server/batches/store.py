@@ -66,23 +66,29 @@ class BatchStore:
         self.space = FolderSpace(root, max_bytes if max_bytes is not None else 2**63)
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()  # one connection, shared by the executor's threads
+        self._opening = threading.Lock()  # its opening: two threads' first calls would open two
 
     def _conn(self) -> sqlite3.Connection:
         """The database, opened (and the folders made) at first use: an unusable folder is an
         error of the call that met it, never of the server's start."""
         if self._db is None:
-            (self.root / "files").mkdir(parents=True, exist_ok=True)
-            for partial in (self.root / "files").glob(f"*{PARTIAL}"):  # uploads a crash cut short
-                partial.unlink()
-            db = sqlite3.connect(self.root / "batches.sqlite3", check_same_thread=False, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.executescript(SCHEMA)
-            for table in TABLES:  # a folder made before records had owners
-                if "owner" not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
-                    db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
-            self._db = db
+            with self._opening:
+                if self._db is None:
+                    self._db = self._open()
         return self._db
+
+    def _open(self) -> sqlite3.Connection:
+        (self.root / "files").mkdir(parents=True, exist_ok=True)
+        for partial in (self.root / "files").glob(f"*{PARTIAL}"):  # uploads a crash cut short
+            partial.unlink()
+        db = sqlite3.connect(self.root / "batches.sqlite3", check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(SCHEMA)
+        for table in TABLES:  # a folder made before records had owners
+            if "owner" not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
+        return db
 
     def used_bytes(self) -> int:
         """What the folder's files and job outputs hold (WARMPOOL_BATCH_MAX_BYTES bounds it)."""

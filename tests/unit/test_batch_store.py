@@ -137,3 +137,33 @@ def test_a_folder_from_before_owners_opens_its_records_as_nobodys(tmp_path: Path
     assert store.file("file-old", NOBODY) == {"id": "file-old"}
     assert store.file("file-old", Owner("search")) is None
     assert [f["id"] for f in store.files(None, 10, NOBODY)] == ["file-old"]
+
+
+def test_first_calls_from_several_threads_open_one_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's first query and an upload's first write arrive together: one database connection,
+    not two (a second one's WAL pragma met the first's lock: 'database is locked')."""
+    import sqlite3
+    import threading
+
+    opened: list[object] = []
+    connect = sqlite3.connect
+
+    def counted(*args: object, **kwargs: object) -> sqlite3.Connection:
+        opened.append(args)
+        time.sleep(0.05)  # widens the window two unguarded first calls would both pass through
+        return connect(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sqlite3, "connect", counted)
+    store = BatchStore(tmp_path, retention_s=3600)
+    start = threading.Barrier(8)
+
+    def first_call() -> None:
+        start.wait()
+        store.file("file-x", NOBODY)
+
+    threads = [threading.Thread(target=first_call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(opened) == 1
