@@ -6,20 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
-from common.modelfolder import read_model_folder
-from common.settings import Settings
-from common.startup import PHASES, StartupState
 from server.core.admission import Admission
 from server.core.services import ServedModel, Services
 from server.http.app import create_app, with_middleware
-from server.tokenizing.tokenizer import TokenizerPool
+from tests.unit.served import served
 
 OVERLOADED = "server is overloaded: too many inputs in flight; retry later"
 BODY = json.dumps({"input": "refused"}).encode()
@@ -28,15 +24,7 @@ BODY = json.dumps({"input": "refused"}).encode()
 @pytest.fixture
 def svc(model_dir: Path) -> Iterator[Services]:
     """The embedded model served, every phase done, its 4 permits all held."""
-    startup = StartupState()
-    for phase in PHASES:
-        startup.start(phase)
-        startup.done(phase)
-    startup.engine_up = True
-    with ThreadPoolExecutor(1) as executor:
-        services = Services(settings=Settings(max_concurrent_inputs=4), startup=startup, executor=executor)
-        folder = read_model_folder(model_dir)
-        services.models["minilm"] = ServedModel("minilm", folder, TokenizerPool(model_dir), engine=None)  # type: ignore[arg-type]
+    with served(model_dir, permits=4, threads=1) as services:
         services.admission.try_acquire(4)
         yield services
 

@@ -3,32 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from common.modelfolder import read_model_folder
-from common.settings import Settings
-from common.startup import PHASES, StartupState
-from server.core.services import ServedModel, Services
+from server.core.services import Services
 from server.http.app import create_app, with_middleware
-from server.tokenizing.tokenizer import TokenizerPool
+from tests.unit.served import served
 
 
 @pytest.fixture
 def svc(model_dir: Path) -> Iterator[Services]:
     """Services serving the embedded model's tokenizer, every phase done, with 4 admission permits."""
-    startup = StartupState()
-    for phase in PHASES:
-        startup.start(phase)
-        startup.done(phase)
-    startup.engine_up = True
-    with ThreadPoolExecutor(2) as executor:
-        services = Services(settings=Settings(max_concurrent_inputs=4), startup=startup, executor=executor)
-        folder = read_model_folder(model_dir)
-        services.models["minilm"] = ServedModel("minilm", folder, TokenizerPool(model_dir), engine=None)  # type: ignore[arg-type]
+    with served(model_dir, permits=4, threads=2) as services:
         yield services
 
 
