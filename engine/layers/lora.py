@@ -56,11 +56,19 @@ _REFUSED_WHEN_SET = (
 
 @dataclass(frozen=True)
 class Update:
-    """One adapter's update of one projection: x @ a.T @ b.T, its scale folded into b. A fused
-    projection's parts are stacked in a (their ranks side by side) and b places each in its slice."""
+    """One adapter's update of one projection: x @ a.T, then each part's columns @ its b.T into its slice
+    of the outputs, the scale folded into b. A fused projection's parts (q, k, v) share one product with
+    a (their ranks side by side) and keep their own b: one stacked b would hold zeros everywhere outside
+    the diagonal blocks (1.75x an adapter's file for q/k/v/o)."""
 
     a: torch.Tensor  # [rank, in]
-    b: torch.Tensor  # [out, rank]
+    parts: tuple[tuple[slice, slice, torch.Tensor], ...]  # (outputs, a's rows, b [outputs, rank])
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> Update:
+        return Update(self.a.to(device, dtype), tuple((out, cols, b.to(device, dtype)) for out, cols, b in self.parts))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.a, *(b for _, _, b in self.parts)]
 
 
 class Adapters:
@@ -86,9 +94,7 @@ class Adapters:
     def add(self, name: str, folder: Path) -> None:
         """Read, check and place one adapter; ModelError (nothing added) for one the model cannot serve."""
         read, heads = _read(name, folder, self.model)
-        found = {
-            path: Update(u.a.to(self.device, self.dtype), u.b.to(self.device, self.dtype)) for path, u in read.items()
-        }
+        found = {path: update.to(self.device, self.dtype) for path, update in read.items()}
         for path, update in found.items():
             if path not in self.updates:
                 self.updates[path] = {}
@@ -102,7 +108,7 @@ class Adapters:
                 )
             self.heads[path][name] = head.to(self.device, self.dtype)
         self.folders[name] = folder
-        self.bytes[name] = sum(t.numel() * t.element_size() for u in found.values() for t in (u.a, u.b)) + sum(
+        self.bytes[name] = sum(t.numel() * t.element_size() for u in found.values() for t in u.tensors()) + sum(
             t.numel() * t.element_size() for head in heads.values() for t in head.parameters()
         )
 
@@ -146,9 +152,13 @@ class Adapters:
                 if update is None:
                     continue
                 if isinstance(rows, slice):
-                    out[rows].addmm_(x[rows] @ update.a.T, update.b.T)
+                    low = x[rows] @ update.a.T
+                    for where, cols, b in update.parts:
+                        out[rows, where].addmm_(low[:, cols], b.T)
                 else:
-                    out.index_add_(0, rows, (x.index_select(0, rows) @ update.a.T) @ update.b.T)
+                    low = x.index_select(0, rows) @ update.a.T
+                    for where, cols, b in update.parts:
+                        out[:, where].index_add_(0, rows, low[:, cols] @ b.T)
             return out
 
         return add
@@ -239,19 +249,17 @@ def _read(name: str, folder: Path, model: nn.Module) -> tuple[dict[str, Update],
             )
         scale = alpha / math.sqrt(rank) if rslora else alpha / rank  # PEFT's scaling, per module's rank
         parts.setdefault(path, []).append((where, a, b * scale))
-    updates = {path: _stacked(found, _dims(model.get_submodule(path))[1]) for path, found in parts.items()}
+    updates = {path: _stacked(found) for path, found in parts.items()}
     return updates, lora_heads.read(name, folder, model, saved)
 
 
-def _stacked(parts: list[tuple[slice, torch.Tensor, torch.Tensor]], out: int) -> Update:
-    """Parts of one projection (a fused one's q, k, v) as one update: ranks side by side."""
-    a = torch.cat([part_a for _, part_a, _ in parts])
-    b = torch.zeros(out, a.shape[0])
-    column = 0
+def _stacked(parts: list[tuple[slice, torch.Tensor, torch.Tensor]]) -> Update:
+    """Parts of one projection (a fused one's q, k, v) as one update: their a's ranks side by side."""
+    placed, column = [], 0
     for where, part_a, part_b in parts:
-        b[where, column : column + part_a.shape[0]] = part_b
+        placed.append((where, slice(column, column + part_a.shape[0]), part_b.contiguous()))
         column += part_a.shape[0]
-    return Update(a, b)
+    return Update(torch.cat([part_a for _, part_a, _ in parts]), tuple(placed))
 
 
 def _target(model: nn.Module, module: str) -> tuple[str, slice, tuple[int, int]] | None:

@@ -85,6 +85,16 @@ def test_a_group_mixing_the_base_and_two_adapters_gives_each_input_its_own_rows(
     assert len({round(float(got[row, 0]), 4) for row in (1, 5)}) == 2  # two adapters, two results
 
 
+def test_an_adapter_holds_in_the_engine_the_bytes_its_file_holds(tiny: TinyFolders, tmp_path: Path) -> None:
+    """q, k and v fused: each part keeps its own B (a stacked one is zeros outside its diagonal blocks)."""
+    base = tiny["bert"]
+    adapter = build_adapter(tmp_path / "adapter", base, seed=1, r=8)
+    model = PoolingModel(read_model_folder(base), threads=1, adapters=[("domain", adapter)])
+    in_file = sum(t.numel() * t.element_size() for t in load_file(adapter / "adapter_model.safetensors").values())
+    assert model.adapters is not None
+    assert model.adapters.bytes["domain"] == in_file
+
+
 @pytest.mark.parametrize(
     "placement",
     [
