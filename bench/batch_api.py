@@ -120,6 +120,7 @@ def main() -> None:
             alone = run(interactive(server.port, args.seconds, probe))
             batch_id, _ = job(server, file_id)
             beside = run(interactive(server.port, args.seconds, probe))
+            server.client.post(f"/v1/batches/{batch_id}/cancel").raise_for_status()  # its rate is measured above
             wait_done(server, batch_id)
         finally:
             server.stop()

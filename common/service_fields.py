@@ -42,7 +42,13 @@ class ServiceFields(BaseSettings):
         7 * 86400.0, gt=0, description="Seconds a Batch API file or finished job is kept, then deleted."
     )
     batch_concurrency: int = Field(
-        8, ge=1, le=256, description="Lines of a batch job run at once, at bulk priority (interactive requests first)."
+        32,
+        ge=1,
+        le=256,
+        description=(
+            "Lines of a batch job run at once, at bulk priority (interactive requests first; engines run bulk work "
+            "in small groups while interactive inputs are about)."
+        ),
     )
 
     cache_bytes: str | None = Field(

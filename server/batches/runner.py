@@ -2,8 +2,9 @@
 route's own prepare and render (server/core/internal.py) at bulk priority, so interactive requests
 go first (admission keeps them their reserve; engines take more urgent inputs between groups).
 
-A job runs in groups of lines (WARMPOOL_BATCH_CONCURRENCY at once): a group's answers are written
-and committed together (store.append), in input order. A job the server stopped (a restart, a
+A job runs in groups of lines, WARMPOOL_BATCH_CONCURRENCY lines at once, the next group's lines
+starting as the last of one's run (no gap at each group's end): a group's answers are written and
+committed together (store.append), in input order. A job the server stopped (a restart, a
 crash) is resumed at the next start from its last committed group. A folder that cannot be written
 fails the job with the reason; the server serves on.
 """
@@ -11,6 +12,7 @@ fails the job with the reason; the server serves on.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import time
@@ -32,8 +34,11 @@ from server.tenants.guard import pass_for
 
 log = structlog.get_logger("warmpool.batches")
 
+Ran = tuple[bytes, bytes, int, int, int] | None  # a group's output and error lines, counts, tokens; None: cancelled
+
 BATCH_PRIORITY = 1000  # bulk: above 0, so interactive requests (0, or their own priority) go first
 GROUP_PER_LINE_AT_ONCE = 4  # a group is this many times the lines run at once: one fsync per group
+GROUPS_AHEAD = 2  # groups running at once: the next one's lines start as the last of one's run
 SWEEP_S = 600.0  # how often files and jobs past WARMPOOL_BATCH_RETENTION are looked for
 RETRY_MAX_S = 1.0  # a line refused for a full server (429) or no engine (503) is tried again, backing off to this
 
@@ -130,26 +135,42 @@ class BatchRunner:
         failed_before = record["request_counts"]["failed"]
         running = self.running = RunningJob(batch_id, found.total, progress.next_line, failed_before)
         self._show_progress()
-        while progress.next_line < found.total and not stop.done():
-            if time.time() > record["expires_at"]:
-                await self._expired(batch_id)
-                return
-            group, in_offset = await off_loop(lines.read_group, source, progress.in_offset, self.group_size)
-            answered = await self._group(record["endpoint"], endpoint, group, progress.next_line, found, whose, stop)
-            if answered is None:
-                break  # cancelled: the group's answers are dropped
-            output, errors, ok, failed, tokens = answered
-            progress = Progress(
-                in_offset,
-                progress.next_line + len(group),
-                progress.out_offset + len(output),
-                progress.err_offset + len(errors),
-            )
-            await off_loop(store.append, batch_id, progress, output, errors, ok, failed, tokens)
-            self.svc.metrics.batch_lines.labels(state="completed").inc(ok)
-            self.svc.metrics.batch_lines.labels(state="failed").inc(failed)
-            running.advance(ok, failed)
-            self._show_progress()
+        at_once = asyncio.Semaphore(self.concurrency)  # across groups: the next one's lines fill what one frees
+        ahead: collections.deque[tuple[asyncio.Future[Ran], int, int]] = collections.deque()  # (its run, offset, lines)
+        read_line, read_offset = progress.next_line, progress.in_offset
+        try:
+            while not stop.done():
+                # the next group starts while this one's last lines run and it is written: no gap between groups
+                while len(ahead) < GROUPS_AHEAD and read_line < found.total:
+                    if time.time() > record["expires_at"]:
+                        await self._expired(batch_id)  # groups not written are dropped
+                        return
+                    group, read_offset = await off_loop(lines.read_group, source, read_offset, self.group_size)
+                    run = self._group(record["endpoint"], endpoint, group, read_line, found, whose, stop, at_once)
+                    ahead.append((asyncio.ensure_future(run), read_offset, len(group)))
+                    read_line += len(group)
+                if not ahead:
+                    break
+                task, in_offset, count = ahead.popleft()
+                answered = await task
+                if answered is None:
+                    break  # cancelled: the group's answers are dropped
+                output, errors, ok, failed, tokens = answered
+                progress = Progress(
+                    in_offset,
+                    progress.next_line + count,
+                    progress.out_offset + len(output),
+                    progress.err_offset + len(errors),
+                )
+                await off_loop(store.append, batch_id, progress, output, errors, ok, failed, tokens)
+                self.svc.metrics.batch_lines.labels(state="completed").inc(ok)
+                self.svc.metrics.batch_lines.labels(state="failed").inc(failed)
+                running.advance(ok, failed)
+                self._show_progress()
+        finally:
+            for task, _, _ in ahead:
+                task.cancel()
+            await asyncio.gather(*(task for task, _, _ in ahead), return_exceptions=True)
         try:
             await off_loop(store.move, batch_id, "finalizing")
         except StateError:  # cancelled meanwhile
@@ -177,13 +198,13 @@ class BatchRunner:
         found: lines.Scan,
         whose: Owner,
         stop: asyncio.Future[None],
-    ) -> tuple[bytes, bytes, int, int, int] | None:
+        at_once: asyncio.Semaphore,
+    ) -> Ran:
         """The group's output and error lines, their counts and the answered lines' prompt tokens; None if
-        the job was cancelled."""
+        the job was cancelled. Its lines run `at_once` at a time, with the next group's."""
         checked = await self.svc.off_loop(
             lambda: [lines.check(raw, first + i, url, found.duplicates) for i, raw in enumerate(group)]
         )
-        at_once = asyncio.Semaphore(self.concurrency)
 
         async def run(line: lines.Line) -> Answer | None:
             if line.error is not None:

@@ -257,3 +257,34 @@ def test_no_progress_is_shown_once_the_job_ends(client: OpenAI, batch_server: In
     assert batch_server.get("/status").json()["batch"] is None
     assert batch_server.get("/health/startup").json()["batch"] is None
     assert 'warmpool_batch_running_lines{count="total"} 0.0' in batch_server.get("/metrics").text
+
+
+def test_the_next_groups_lines_run_while_a_group_is_written(
+    client: OpenAI, batch_server: InProcessServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No gap at a group's end (the engines kept fed): when a group's answers are written, lines of the
+    next group have started."""
+    runner = batch_server.services.batches
+    assert runner is not None
+    started: list[int] = []
+    run_line = runner._line
+
+    async def counted(*args: Any) -> Any:
+        started.append(1)
+        return await run_line(*args)
+
+    monkeypatch.setattr(runner, "_line", counted)
+    started_at_write: list[int] = []
+    append = runner.store.append
+
+    def recorded(*args: Any) -> Any:
+        started_at_write.append(len(started))
+        return append(*args)
+
+    monkeypatch.setattr(runner.store, "append", recorded)
+    group = runner.group_size
+    lines = [embedding_line(f"line-{i}", f"text {i}") for i in range(3 * group)]
+    batch = finished(client, submitted(client, jsonl(lines)).id)
+    assert batch.status == "completed"
+    assert len(started_at_write) == 3
+    assert started_at_write[0] > group
