@@ -7,8 +7,8 @@ use `encode`, whose cost is below the batch call's thread hand-off.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,6 +22,7 @@ from common.folderjson import ModelError
 from common.late_interaction import LateInteraction
 from common.wire import Tokens
 from server.tokenizing.class_pipeline import load_as_built
+from server.tokenizing.instances import Instances, holding
 from server.tokenizing.siglip_tokenizer import SPIECE, is_siglip, siglip_tokenizer
 
 # The most a TEI token span takes less the text it covers: {"id":..,"text":"","special":false,
@@ -58,6 +59,8 @@ class Markers:
 
 
 class TokenizerPool:
+    """A folder's tokenizer for many threads: each method runs with one of its Instances held."""
+
     def __init__(
         self, folder: Path, pair_template: PairTemplate | None = None, late: LateInteraction | None = None
     ) -> None:
@@ -66,7 +69,7 @@ class TokenizerPool:
         prototype.no_truncation()
         self.folder = folder
         self._json = prototype.to_str()
-        self._local = threading.local()
+        self.instances = Instances(self._json)
         self.vocab_size = prototype.get_vocab_size(with_added_tokens=True)
         processor = prototype.post_processor
         self.special_tokens = processor.num_special_tokens_to_add(False) if processor else 0
@@ -93,17 +96,25 @@ class TokenizerPool:
         for role in ("cls_token", "eos_token", "pad_token", "unk_token"):
             token = named.get(role)
             token = token.get("content") if isinstance(token, dict) else token
-            found = self.get().token_to_id(token) if isinstance(token, str) else None
+            with self.held() as tok:
+                found = tok.token_to_id(token) if isinstance(token, str) else None
             if found is not None:
                 ids.add(found)
         return frozenset(ids)
 
-    def get(self) -> Tokenizer:
-        tok = getattr(self._local, "tok", None)
-        if tok is None:
-            tok = self._local.tok = Tokenizer.from_str(self._json)
-        return tok
+    def held(self) -> contextlib.AbstractContextManager[Tokenizer]:
+        """One of the pool's tokenizers for this thread until the block ends (Instances.held)."""
+        return self.instances.held()
 
+    @property
+    def made(self) -> int:
+        return self.instances.made
+
+    def get(self) -> Tokenizer:
+        """The tokenizer this thread holds (within held(), or a method of the pool)."""
+        return self.instances.get()
+
+    @holding
     def encode_batch(
         self, inputs: Sequence[TextOrPair], truncate: int | None = None, direction: Direction = "right"
     ) -> list[Tokens]:
@@ -122,6 +133,7 @@ class TokenizerPool:
             if truncate is not None:
                 tok.no_truncation()
 
+    @holding
     def encode_pairs(
         self, pairs: list[tuple[str, str]], truncate: int | None = None, direction: Direction = "right"
     ) -> list[Tokens]:
@@ -153,11 +165,13 @@ class TokenizerPool:
         bodies = self.encode_batch([template.format(query, doc) for query, doc in pairs], room, direction)
         return [Tokens(self._prefix + body.input_ids + self._suffix) for body in bodies]
 
+    @holding
     def encode_raw(self, text: str) -> Encoding:
         """A text's tokens without special tokens, truncation or Python lists (window_count() and
         windows() take it from here): what a long text costs before any bound is its Rust encoding."""
         return self.get().encode_batch_fast([text], add_special_tokens=False)[0]
 
+    @holding
     def offsets(self, text: str) -> list[tuple[int, int]]:
         """Each of a text's tokens' character span (special tokens aside): where passages are cut."""
         return self.get().encode_batch([text], add_special_tokens=False)[0].offsets  # type: ignore[no-any-return]
@@ -170,6 +184,7 @@ class TokenizerPool:
             return fixed + len(self.encode_raw(self.pair_template.format(query, "")))
         return self.special_tokens_pair + len(self.encode_raw(query))
 
+    @holding
     def surely_longer(self, text: str, tokens: int) -> bool:
         """Whether `text` has surely more than `tokens` tokens (special tokens aside), found by encoding
         it a piece at a time and stopping once past: a text far too long costs a piece's encoding,
@@ -193,6 +208,7 @@ class TokenizerPool:
             return 1
         return 1 + -(-(len(raw) - room) // (room - overlap))
 
+    @holding
     def windows(self, raw: Encoding, max_tokens: int, overlap: int) -> list[Tokens]:
         """`raw` as windows of at most `max_tokens` tokens with the special tokens, each repeating the
         last `overlap` of the one before: what encoding the text with the tokenizer's truncation
@@ -205,6 +221,7 @@ class TokenizerPool:
             tok.no_truncation()
         return [_tokens(encoding), *(_tokens(o) for o in encoding.overflowing)]
 
+    @holding
     def encode_windows_with_offsets(
         self, text: str, max_tokens: int, overlap: int
     ) -> list[tuple[Tokens, list[int | None]]]:
@@ -230,18 +247,22 @@ class TokenizerPool:
     def encode(self, text: str, pair: str | None = None, truncate: int | None = None) -> Tokens:
         return self.encode_batch([text if pair is None else (text, pair)], truncate)[0]
 
+    @holding
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         tok = self.get()
         if len(text) <= SHORT_TEXT_CHARS:
             return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
         return list(tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids)
 
+    @holding
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.get().decode(ids, skip_special_tokens=skip_special_tokens)
 
+    @holding
     def decode_batch(self, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
         return list(self.get().decode_batch(ids, skip_special_tokens=skip_special_tokens))
 
+    @holding
     def spans(
         self, texts: list[str], add_special_tokens: bool, max_tokens: int, budget: Callable[[int, str], None]
     ) -> list[list[dict[str, Any]]]:

@@ -82,10 +82,11 @@ def test_a_pair_cut_to_the_least_length_allowed_keeps_the_prompt_whole(tiny: Tin
     pool = reranker_pool(folder)
     least = pool.special_tokens_pair + 1
     whole = model_card_prompts(folder, PAIRS[:1], 10_000)[0]
-    prefix = pool.get().encode(QWEN3_RERANKER.prefix, add_special_tokens=False).ids
-    suffix = pool.get().encode(QWEN3_RERANKER.suffix, add_special_tokens=False).ids
+    with pool.held() as tok:
+        prefix = tok.encode(QWEN3_RERANKER.prefix, add_special_tokens=False).ids
+        suffix = tok.encode(QWEN3_RERANKER.suffix, add_special_tokens=False).ids
+        eos = tok.token_to_id("<|endoftext|>")
     cut = pool.encode_pairs(PAIRS[:1], least)[0].input_ids
-    eos = pool.get().token_to_id("<|endoftext|>")
     assert cut == [*prefix, whole[len(prefix)], eos, *suffix]
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from common.wire import Tokens
 from server.tokenizing.tokenizer import SHORT_TEXT_CHARS, TokenizerPool
 
 QUERY = "where is the eiffel tower " * 30
@@ -40,3 +44,38 @@ def test_truncation_is_off_again_after_a_truncated_call(pool: TokenizerPool) -> 
     pool.encode_batch(["word " * 50], truncate=5)
     (again,) = pool.encode_batch(["word " * 50])
     assert len(again.input_ids) == 52
+
+
+def test_threads_share_at_most_one_tokenizer_per_cpu(model_dir: Path) -> None:
+    """Eight threads tokenizing at once, each with its own truncation: the pool makes no more tokenizers
+    than the CPUs it may run on (a big vocabulary's is hundreds of MB), and each thread gets its own
+    texts' tokens as if alone."""
+    pool = TokenizerPool(model_dir)
+    texts = [("word " * (10 + n), 4 + n) for n in range(8)]
+    alone = [pool.encode_batch([text] * 50, truncate=cut) for text, cut in texts]
+    start = threading.Barrier(len(texts))
+
+    def tokenize(n: int) -> list[list[Tokens]]:
+        start.wait(timeout=10)
+        text, cut = texts[n]
+        return [pool.encode_batch([text] * 50, truncate=cut) for _ in range(20)]
+
+    with ThreadPoolExecutor(len(texts)) as threads:
+        got = list(threads.map(tokenize, range(len(texts))))
+    assert all(run == alone[n] for n, runs in enumerate(got) for run in runs)
+    assert 1 <= pool.made <= len(os.sched_getaffinity(0))
+
+
+def test_a_pool_of_one_serves_calls_that_nest(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call made while its thread holds a tokenizer (a reranker's prompts go through encode_batch
+    from encode_pairs) reuses it: with one tokenizer in the pool, nothing waits for itself."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # one CPU: one tokenizer
+    pool = TokenizerPool(model_dir)
+
+    def nested() -> list[Tokens]:
+        with pool.held():
+            return pool.encode_batch(["a query"], truncate=3)
+
+    with ThreadPoolExecutor(1) as thread:
+        (tokens,) = thread.submit(nested).result(timeout=10)
+    assert len(tokens.input_ids) == 3 and pool.made == 1
