@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import MODEL, Connection, pct, run, sentences
+from bench.common import MODEL, WORDS, Connection, pct, run, sentences
 from tests.server_process import ServerProcess
 
 
@@ -62,12 +62,77 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def short_texts(n: int, seed: int) -> list[str]:
+    """n distinct short texts (1-4 words and a serial number, ~10 tokens): a cache entry's size does not
+    depend on its text's length, so short ones fill the cache at the least engine time."""
+    rng = random.Random(seed)
+    return [f"{' '.join(rng.choices(WORDS, k=rng.randint(1, 4)))} {seed}-{i}" for i in range(n)]
+
+
+async def drive_batched(port: int, texts: list[str], per_request: int, clients: int) -> int:
+    """`texts` in requests of `per_request` inputs, `clients` at a time; the requests that failed."""
+    queue = [texts[i : i + per_request] for i in range(0, len(texts), per_request)][::-1]
+    failed = 0
+
+    async def client() -> None:
+        nonlocal failed
+        conn = Connection(port)
+        while queue:
+            status, _, _ = await conn.post("/v1/embeddings", {"input": queue.pop()})
+            failed += status != 200
+        conn.close()
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return failed
+
+
+def comparisons(servers: dict[str, ServerProcess], rows: int, clients: int) -> None:
+    """Cache on against off on a corpus with repeats and one without; a hit's latency against a miss."""
+    corpora = {"35% repeated": corpus(rows, 0.35, 1), "no repeats": corpus(rows, 0.0, 2)}
+    print(f"{rows} rows, {clients} clients, one input a request: inputs/s, p99 ms")
+    for label, texts in corpora.items():
+        got = {}
+        for mode, server in servers.items():
+            rate, latencies = run(drive(server.port, texts, clients))
+            got[mode] = rate
+            print(f"  {label:>13}, cache {mode:>3}: {rate:8.1f}/s  p99 {pct(latencies, 0.99):7.1f}")
+        print(f"  {label:>13}: on/off {got['on'] / got['off']:.2f}x")
+    on = servers["on"]
+    fresh = sentences(200, seed=3)
+    _, misses = run(drive(on.port, fresh, 1))
+    _, hits = run(drive(on.port, fresh, 1))
+    print(
+        f"1 client: miss median {statistics.median(misses):.2f} ms, hit median {statistics.median(hits):.2f} ms"
+        f" (a hit {statistics.median(misses) / statistics.median(hits):.1f}x faster)"
+    )
+
+
+def memory(server: ServerProcess, distinct: int, per_request: int) -> None:
+    """The HTTP process's RSS growth over `distinct` inputs against the cache's bound + 10 %."""
+    # first-call costs paid, and every executor thread's heap made, before the baseline
+    run(drive_batched(server.port, short_texts(8 * per_request, seed=5), per_request, 4))
+    before = rss_mb(server.proc.pid)
+    started = time.perf_counter()
+    failed = run(drive_batched(server.port, short_texts(distinct, seed=4), per_request, 4))
+    seconds = time.perf_counter() - started
+    after = rss_mb(server.proc.pid)
+    cache = server.get("/status").json()["cache"]
+    allowed = cache["bound_bytes"] * 1.1 / 2**20
+    print(
+        f"{distinct} distinct inputs in requests of {per_request} ({distinct / seconds:.0f} inputs/s, {failed} failed"
+        f" requests): HTTP process RSS {before:.0f} -> {after:.0f} MB, +{after - before:.0f} MB against the bound"
+        f" + 10 % {allowed:.0f} MB ({(after - before) / allowed:.2f}x); cache {cache['bytes'] / 2**20:.1f} MiB,"
+        f" {cache['entries']} entries, {cache['evictions']} evictions"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--distinct", type=int, default=20000)
-    parser.add_argument("--bound", default="16Mi")
+    parser.add_argument("--distinct", type=int, default=200_000)
+    parser.add_argument("--bound", default="64Mi")
+    parser.add_argument("--per-request", type=int, default=128)
     parser.add_argument("--model", type=Path, default=MODEL)
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="bench-cache-"))
@@ -78,34 +143,15 @@ def main() -> None:
     try:
         for server in servers.values():
             server.wait_ready()
-        corpora = {"35% repeated": corpus(args.rows, 0.35, 1), "no repeats": corpus(args.rows, 0.0, 2)}
-        print(f"{args.rows} rows, {args.clients} clients, one input a request: inputs/s, p99 ms")
-        for label, texts in corpora.items():
-            got = {}
-            for mode, server in servers.items():
-                rate, latencies = run(drive(server.port, texts, args.clients))
-                got[mode] = rate
-                print(f"  {label:>13}, cache {mode:>3}: {rate:8.1f}/s  p99 {pct(latencies, 0.99):7.1f}")
-            print(f"  {label:>13}: on/off {got['on'] / got['off']:.2f}x")
-        on = servers["on"]
-        fresh = sentences(200, seed=3)
-        _, misses = run(drive(on.port, fresh, 1))
-        _, hits = run(drive(on.port, fresh, 1))
-        print(
-            f"1 client: miss median {statistics.median(misses):.2f} ms, hit median {statistics.median(hits):.2f} ms"
-            f" (a hit {statistics.median(misses) / statistics.median(hits):.1f}x faster)"
-        )
-        before = rss_mb(on.proc.pid)
-        run(drive(on.port, [f"{t} {i}" for i, t in enumerate(sentences(args.distinct, seed=4))], args.clients))
-        cache = on.get("/status").json()["cache"]
-        print(
-            f"{args.distinct} distinct inputs, bound {args.bound}: HTTP process RSS {before:.0f} -> "
-            f"{rss_mb(on.proc.pid):.0f} MB; cache {cache['bytes'] / 2**20:.1f} MiB, {cache['entries']} entries,"
-            f" {cache['evictions']} evictions"
-        )
+        comparisons(servers, args.rows, args.clients)
     finally:
         for server in servers.values():
             server.stop()
+    fresh = ServerProcess(args.model, logs / "memory.log", cache_bytes=args.bound)
+    try:
+        memory(fresh.wait_ready(), args.distinct, args.per_request)
+    finally:
+        fresh.stop()
 
 
 if __name__ == "__main__":

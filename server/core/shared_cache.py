@@ -69,10 +69,21 @@ class SharedCache:
 
     def __init__(self, url: str, timeout_s: float, ttl_s: float, on_error: Callable[[str], None] | None = None) -> None:
         import redis.asyncio  # only with WARMPOOL_CACHE_URL set
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
 
-        # redis-py's own socket timeouts back the deadline below; no retries: a miss is cheaper
+        # redis-py's own socket timeouts back the deadline below; no retry on a timeout: a miss is
+        # cheaper. One retry, at once, on a connection error: a pooled connection that a restarted
+        # Redis closed fails once and is replaced; without it each one failed a call, and a burst
+        # after a restart opened the breaker while Redis was up. Both tries stay within the deadline.
         self._client: Any = redis.asyncio.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry_on_timeout=False,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
         )
         self.url = url
         self.timeout_s = timeout_s

@@ -88,3 +88,27 @@ def test_a_redis_that_never_answers_costs_at_most_the_timeout() -> None:
         silent.close()
     assert found == [None, None]
     assert took < 0.2 + 0.1  # the timeout, and the loop's slack on a loaded machine
+
+
+def test_connections_a_restarted_redis_closed_are_no_failures(tmp_path: Path) -> None:
+    """Redis restarted while the server was idle: each pooled connection it closed is replaced on its
+    next use, and no lookup fails (3 failures opened the breaker: no cache for its cool-down)."""
+    redis = RedisServer(tmp_path).start()
+
+    async def lookups(cache: SharedCache) -> None:
+        assert await asyncio.gather(*(cache.get_many([b"a"]) for _ in range(8))) == [[None]] * 8
+
+    async def around_a_restart() -> SharedCache:
+        cache = SharedCache(redis.url, timeout_s=TIMEOUT_S, ttl_s=60)
+        await lookups(cache)  # 8 connections in the pool
+        await asyncio.to_thread(redis.stop)
+        await asyncio.to_thread(redis.start)
+        await lookups(cache)
+        await cache.close()
+        return cache
+
+    try:
+        cache = asyncio.run(around_a_restart())
+    finally:
+        redis.stop()
+    assert (cache.errors, cache.breaker.state) == (0, "closed")
