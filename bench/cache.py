@@ -3,11 +3,13 @@ hit's latency against a miss, and the HTTP process's RSS after many distinct inp
 
 Two servers on the same model, cache off (WARMPOOL_CACHE_BYTES=0, the baseline) and on, measured
 in the same run: a corpus where 35 % of the rows repeat earlier ones and one with none, each at
-`--clients` clients (one input a request), as inputs/s and p99, the ratio on/off; then at 1 client
-a hit's latency against a miss's (distinct inputs, then the same ones again); then `--distinct`
-inputs through a cache bounded at `--bound`, the HTTP process's RSS before and after. Prints; never
-asserts.
-Usage: .venv/bin/python -m bench.cache [--rows 2000] [--clients 32] [--distinct 20000] [--bound 16Mi]
+`--clients` clients, in requests of each `--corpus-per-request` size (one input a request puts the
+per-request cost of HTTP, tokenizing and rendering, the same for a hit, on the 2 cores the engines
+share), as inputs/s and p99, the ratio on/off; then at 1 client a hit's latency against a miss's
+(distinct inputs, then the same ones again); then, on a fresh server, `--distinct` inputs through a
+cache bounded at `--bound`, the HTTP process's RSS before and after. Prints; never asserts.
+Usage: .venv/bin/python -m bench.cache [--rows 2000] [--clients 32] [--corpus-per-request 1,8]
+         [--distinct 200000] [--bound 64Mi] [--per-request 128]
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ def corpus(rows: int, repeated: float, seed: int) -> list[str]:
     return texts
 
 
-async def drive(port: int, texts: list[str], clients: int) -> tuple[float, list[float]]:
-    """Every text as one request, `clients` at a time: inputs/s and each request's latency (ms)."""
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    for t in texts:
-        queue.put_nowait(t)
+async def drive(port: int, texts: list[str], clients: int, per_request: int = 1) -> tuple[float, list[float]]:
+    """The texts in requests of `per_request` (in order), `clients` at a time: inputs/s and each
+    request's latency (ms)."""
+    queue: asyncio.Queue[str | list[str]] = asyncio.Queue()
+    for i in range(0, len(texts), per_request):
+        queue.put_nowait(texts[i] if per_request == 1 else texts[i : i + per_request])
     latencies: list[float] = []
 
     async def client() -> None:
@@ -86,17 +89,19 @@ async def drive_batched(port: int, texts: list[str], per_request: int, clients: 
     return failed
 
 
-def comparisons(servers: dict[str, ServerProcess], rows: int, clients: int) -> None:
-    """Cache on against off on a corpus with repeats and one without; a hit's latency against a miss."""
-    corpora = {"35% repeated": corpus(rows, 0.35, 1), "no repeats": corpus(rows, 0.0, 2)}
-    print(f"{rows} rows, {clients} clients, one input a request: inputs/s, p99 ms")
-    for label, texts in corpora.items():
-        got = {}
-        for mode, server in servers.items():
-            rate, latencies = run(drive(server.port, texts, clients))
-            got[mode] = rate
-            print(f"  {label:>13}, cache {mode:>3}: {rate:8.1f}/s  p99 {pct(latencies, 0.99):7.1f}")
-        print(f"  {label:>13}: on/off {got['on'] / got['off']:.2f}x")
+def comparisons(servers: dict[str, ServerProcess], rows: int, clients: int, sizes: list[int]) -> None:
+    """Cache on against off on a corpus with repeats and one without, for each request size (fresh
+    corpora each: the cache holds none of their texts); a hit's latency against a miss."""
+    for size, seed in zip(sizes, range(10, 1000, 10), strict=False):
+        corpora = {"35% repeated": corpus(rows, 0.35, seed), "no repeats": corpus(rows, 0.0, seed + 1)}
+        print(f"{rows} rows, {clients} clients, {size} input(s) a request: inputs/s, p99 ms")
+        for label, texts in corpora.items():
+            got = {}
+            for mode, server in servers.items():
+                rate, latencies = run(drive(server.port, texts, clients, size))
+                got[mode] = rate
+                print(f"  {label:>13}, cache {mode:>3}: {rate:8.1f}/s  p99 {pct(latencies, 0.99):7.1f}")
+            print(f"  {label:>13}: on/off {got['on'] / got['off']:.2f}x")
     on = servers["on"]
     fresh = sentences(200, seed=3)
     _, misses = run(drive(on.port, fresh, 1))
@@ -132,7 +137,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--distinct", type=int, default=200_000)
     parser.add_argument("--bound", default="64Mi")
-    parser.add_argument("--per-request", type=int, default=128)
+    parser.add_argument("--per-request", type=int, default=128, help="inputs a request in the memory pass")
+    parser.add_argument("--corpus-per-request", default="1,8", help="inputs a request in the corpus passes")
     parser.add_argument("--model", type=Path, default=MODEL)
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="bench-cache-"))
@@ -143,7 +149,7 @@ def main() -> None:
     try:
         for server in servers.values():
             server.wait_ready()
-        comparisons(servers, args.rows, args.clients)
+        comparisons(servers, args.rows, args.clients, [int(n) for n in args.corpus_per_request.split(",")])
     finally:
         for server in servers.values():
             server.stop()
