@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import MODEL, WORDS, Connection, pct, run, sentences
+from bench.common import MODEL, WORDS, Connection, cpu_seconds, pct, process_tree, run, sentences
 from tests.server_process import ServerProcess
 
 
@@ -98,9 +98,16 @@ def comparisons(servers: dict[str, ServerProcess], rows: int, clients: int, size
         for label, texts in corpora.items():
             got = {}
             for mode, server in servers.items():
+                pids = process_tree(server.proc.pid)
+                before, started = [cpu_seconds(p) for p in pids], time.perf_counter()
                 rate, latencies = run(drive(server.port, texts, clients, size))
+                wall = time.perf_counter() - started
+                cores = [(cpu_seconds(p) - b) / wall for p, b in zip(pids, before, strict=True)]
                 got[mode] = rate
-                print(f"  {label:>13}, cache {mode:>3}: {rate:8.1f}/s  p99 {pct(latencies, 0.99):7.1f}")
+                print(
+                    f"  {label:>13}, cache {mode:>3}: {rate:8.1f}/s  p99 {pct(latencies, 0.99):7.1f}  cores: HTTP "
+                    f"process {cores[0]:.2f}, engines and forkserver {sum(cores[1:]):.2f}"
+                )
             print(f"  {label:>13}: on/off {got['on'] / got['off']:.2f}x")
     on = servers["on"]
     fresh = sentences(200, seed=3)

@@ -11,6 +11,7 @@ import asyncio
 import http.client
 import json
 import multiprocessing
+import os
 import random
 import time
 from collections.abc import Coroutine
@@ -42,6 +43,31 @@ def sentences(n: int, seed: int = 0) -> list[str]:
     """Sentences of 4-64 words."""
     rng = random.Random(seed)
     return [" ".join(rng.choices(WORDS, k=rng.randint(4, 64))) for _ in range(n)]
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (engines are the forkserver's children, not the server's)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += parents.get(found[-1], [])
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) one process has used; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
