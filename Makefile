@@ -50,7 +50,7 @@ serve: $(STAMP) $(MODEL_DIR)/config.json
 
 test: $(STAMP) $(MODEL_DIR)/config.json chromium redis-server
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone" --durations=15 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m alone --durations=5 $(PYTEST_ARGS) $(ALONE_FILES) || [ $$? = 5 ]
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m alone --durations=5 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS) $(ALONE_FILES) || [ $$? = 5 ]
 
 # tests/test_status_page.py drives Debian's headless chromium: installed here where it is missing (as root).
 .PHONY: chromium
