@@ -24,15 +24,20 @@ IN_PROCESS = tuple(Path(__file__).parent / layer for layer in ("unit", "app", "r
 LONGEST = ("tests/test_compiled_engine.py", "tests/test_lifecycle.py", "tests/test_on_demand.py")
 # Files whose tests share no fixture but the session's: each test a unit of work of its own.
 SPREAD = ("tests/test_compiled_forward.py",)
+# How make test's alone pass finds its files (the Makefile's ALONE_FILES, a grep): an `alone` test in a
+# file without it would run in neither pass.
+ALONE_MARK = "pytest.mark.alone"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test outside tests/unit and tests/app starts real server processes: the `slow` layer.
-    The process layer runs first, its longest files first, and the many short in-process tests fill
-    the end of a parallel run."""
+    An `alone` test is found by its file's text (ALONE_MARK). The process layer runs first, its
+    longest files first, and the many short in-process tests fill the end of a parallel run."""
     for item in items:
         if not any(layer in Path(str(item.fspath)).parents for layer in IN_PROCESS):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("alone") and ALONE_MARK not in Path(str(item.fspath)).read_text():
+            raise pytest.UsageError(f"{item.nodeid} is marked alone, but its file does not say {ALONE_MARK}")
 
     def rank(item: pytest.Item) -> tuple[bool, int]:
         file = item.nodeid.split("::")[0]

@@ -54,8 +54,13 @@ def test_a_server_of_its_own_is_started_and_stopped(model_dir: Path, tmp_path: P
     assert servers_under(tmp_path) == []
 
 
+# Rows enough that the SIGTERM, sent at the first 8 written, comes mid-run; the resume embeds the rest
+# in several batches (1,500 rows took ~30 s of CPU to resume for the same checks)
+ROWS = 300
+
+
 def test_sigterm_mid_run_then_resume_gives_each_row_once(model_dir: Path, tmp_path: Path) -> None:
-    source, out = corpus(tmp_path, 1500), tmp_path / "out.jsonl"
+    source, out = corpus(tmp_path, ROWS), tmp_path / "out.jsonl"
     run = embed(source, out, model_dir, tmp_path, "--batch-size", "8", "--concurrency", "1")
     wait_for(lambda: out.exists() and out.stat().st_size > 0, RUN_TIMEOUT_S, "the first rows written")
     run.send_signal(signal.SIGTERM)
@@ -63,8 +68,8 @@ def test_sigterm_mid_run_then_resume_gives_each_row_once(model_dir: Path, tmp_pa
     assert run.returncode == 130
     assert servers_under(tmp_path) == []
     written = len(out.read_bytes().splitlines())
-    assert 0 < written < 1500
-    resumed = embed(source, out, model_dir, tmp_path, "--resume", "--batch-size", "256")
+    assert 0 < written < ROWS
+    resumed = embed(source, out, model_dir, tmp_path, "--resume", "--batch-size", "64")
     _, stderr = resumed.communicate(timeout=RUN_TIMEOUT_S)
     assert resumed.returncode == 0, stderr.decode()
-    assert [orjson.loads(line)["row"] for line in out.read_bytes().splitlines()] == list(range(1500))
+    assert [orjson.loads(line)["row"] for line in out.read_bytes().splitlines()] == list(range(ROWS))

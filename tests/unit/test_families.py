@@ -37,9 +37,9 @@ from engine.layers.packed import Packed, offset_positions
 from engine.runtime.device import Placement
 from engine.runtime.model import PoolingModel
 from server.core.outputs import activate, normalize
-from server.tokenizing.tokenizer import TokenizerPool
 from tests import tiny_models
 from tests.tiny_models import MAX_TOKENS, SMALL, TINY, TinyFolders
+from tests.unit.pools import pool as pool_of
 
 EMBEDDERS = [
     "xlm-roberta",
@@ -81,7 +81,7 @@ def engines(tiny: TinyFolders) -> Engines:
 def server_tokens(folder: Path, inputs: list[str] | list[tuple[str, str]]) -> list[Tokens]:
     """The inputs as the server tokenizes them, cut at the model's maximum."""
     info = read_model_folder(folder)
-    pool, limit = TokenizerPool(folder, info.pair_template), info.max_model_len  # a Qwen3 reranker's prompt
+    pool, limit = pool_of(folder, info.pair_template), info.max_model_len  # a Qwen3 reranker's prompt
     if isinstance(inputs[0], tuple):
         return pool.encode_pairs(inputs, truncate=limit)  # type: ignore[arg-type]
     return pool.encode_batch(inputs, truncate=limit)  # type: ignore[arg-type]

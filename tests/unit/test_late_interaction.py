@@ -22,8 +22,8 @@ from server.core.inputs import RequestContext
 from server.core.services import ServedModel
 from server.http.errors import APIError
 from server.kinds import multi_vector
-from server.tokenizing.tokenizer import TokenizerPool
 from tests.tiny_models import build_colbert, build_multi_vector_encoder, build_stanford_colbert
+from tests.unit.pools import pool as pool_of
 
 QUERIES = ["hello world", "what keeps the warm pool model loaded?", "naïve café 🙂", "the warm pool engine " * 8]
 DOCUMENTS = ["Hello, world!", "the warm pool keeps models loaded; engines restart.", "a", "the model text " * 20]
@@ -44,7 +44,7 @@ LENGTHS = {"pylate": (12, 24, 16), "stanford": (10, 20, 8)}  # query length, doc
 
 def context(folder: Path) -> RequestContext:
     info = read_model_folder(folder)
-    served = ServedModel("colbert", info, TokenizerPool(folder, late=info.late), engine=None)  # type: ignore[arg-type]
+    served = ServedModel("colbert", info, pool_of(folder, late=info.late), engine=None)  # type: ignore[arg-type]
     return RequestContext(model=served, served={"colbert": served}, settings=Settings())
 
 

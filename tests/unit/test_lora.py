@@ -26,16 +26,16 @@ from engine.layers.packed import Packed
 from engine.runtime.device import Placement
 from engine.runtime.model import PoolingModel
 from server.core.outputs import normalize
-from server.tokenizing.tokenizer import TokenizerPool
 from tests.lora_adapters import build_adapter, reference
 from tests.tiny_models import TinyFolders
+from tests.unit.pools import pool as pool_of
 
 TEXTS = ["", "a", "Hello world, the warm pool model", "naïve café 日本語 🙂", "the warm pool engine " * 20]
 
 
 def tokens(folder: Path, texts: list[str], adapter: str = "") -> list[Tokens]:
     info = read_model_folder(folder)
-    encoded = TokenizerPool(folder, info.pair_template).encode_batch(texts, truncate=info.max_model_len)
+    encoded = pool_of(folder, info.pair_template).encode_batch(texts, truncate=info.max_model_len)
     return [t._replace(adapter=adapter) for t in encoded]
 
 

@@ -21,10 +21,10 @@ from common.modelfolder import read_model_folder
 from common.wire import Tokens
 from engine.runtime.model import PoolingModel
 from server.core.outputs import activate
-from server.tokenizing.tokenizer import TokenizerPool
 from tests.lora_adapters import build_head_adapter, head_reference
 from tests.qwen3_reference import model_card_scores
 from tests.tiny_models import TinyFolders
+from tests.unit.pools import pool as pool_of
 
 QUERY = "what is the warm pool"
 DOCUMENTS = ["", "a", "the warm pool keeps engines ready", "naïve café 日本語 🙂", "the warm pool engine " * 20]
@@ -32,7 +32,7 @@ DOCUMENTS = ["", "a", "the warm pool keeps engines ready", "naïve café 日本�
 
 def pairs(folder: Path, adapter: str = "") -> list[Tokens]:
     info = read_model_folder(folder)
-    encoded = TokenizerPool(folder, info.pair_template).encode_pairs(
+    encoded = pool_of(folder, info.pair_template).encode_pairs(
         [(QUERY, d) for d in DOCUMENTS], truncate=info.max_model_len
     )
     return [t._replace(adapter=adapter) for t in encoded]
@@ -116,7 +116,7 @@ def test_a_yes_no_reranker_s_adapter_scores_as_peft(tiny: TinyFolders, tmp_path:
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     adapter = build_head_adapter(tmp_path / "adapter", folder, seed=1, task_type="CAUSAL_LM", target_modules=targets)
     info = read_model_folder(folder)
-    items = TokenizerPool(folder, info.pair_template).encode_pairs([(QUERY, d) for d in DOCUMENTS], info.max_model_len)
+    items = pool_of(folder, info.pair_template).encode_pairs([(QUERY, d) for d in DOCUMENTS], info.max_model_len)
     model = PoolingModel(info, threads=1, adapters=[("tuned", adapter)])
     got = activate(model.forward([t._replace(adapter="tuned") for t in items]))[:, 0]
     expected = model_card_scores(folder, [list(t.input_ids) for t in items], adapter)
