@@ -4,7 +4,7 @@ or oneDNN on a weight packed once, chosen per CPU class by measuring both on the
 On 2 cores of an AMD EPYC Zen 4 (torch 2.13: MKL 2024.2, oneDNN 3.x; bench.gemm) MKL takes a generic
 path on this AMD CPU and its knobs (MKL_ENABLE_INSTRUCTIONS; MKL_DEBUG_CPU_TYPE, ignored) did not
 help, while oneDNN's AVX-512 kernels on a packed weight ran all-MiniLM-L6-v2's projections 1.2-3x
-faster from 32 rows up. Which wins depends on the CPU, so it is measured, not assumed: per projection
+faster in 14 of the 16 (shape, rows) cells from 32 rows up (docs/operations/gemm.md). Which wins depends on the CPU, so it is measured, not assumed: per projection
 shape (in, out), each backend at PROBE_ROWS rows, best of a few calls (tens of ms a model, when it is
 built: never on the request path); oneDNN where it took less time over them. The choice is kept in a
 record beside the compile cache, keyed as its artifacts are (torch, the CPU's instruction set,
@@ -120,7 +120,7 @@ def _timed(call: Any) -> float:
 def select(model: nn.Module, precision: str, cache: Path) -> int:
     """Put the float32 layer projections of `model` on oneDNN where the choice says so, in place; the
     number moved (none in another precision: bfloat16's run on oneDNN already, int8's on _int_mm)."""
-    if precision != "float32":
+    if precision != "float32" or not torch.backends.mkldnn.is_available():  # a torch built without oneDNN: MKL
         return 0
     cap_kernel_caches()  # before oneDNN's first use in this process, which measuring may be
     found = _wrapped(model)
