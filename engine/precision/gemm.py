@@ -3,20 +3,24 @@ or oneDNN on a weight packed once, chosen per CPU class by measuring both on the
 
 On 2 cores of an AMD EPYC Zen 4 (torch 2.13: MKL 2024.2, oneDNN 3.x; bench.gemm) MKL takes a generic
 path on this AMD CPU and its knobs (MKL_ENABLE_INSTRUCTIONS; MKL_DEBUG_CPU_TYPE, ignored) did not
-help, while oneDNN's AVX-512 kernels on a packed weight ran all-MiniLM-L6-v2's projections 1.2-3x
-faster in 14 of the 16 (shape, rows) cells from 32 rows up (docs/operations/gemm.md). Which wins depends on the CPU, so it is measured, not assumed: per projection
-shape (in, out), each backend at PROBE_ROWS rows, best of a few calls (tens of ms a model, when it is
-built: never on the request path); oneDNN where it took less time over them. The choice is kept in a
-record beside the compile cache, keyed as its artifacts are (torch, the CPU's instruction set,
-precision): the next start reads it, another CPU class misses and measures again.
+help, while oneDNN's AVX-512 kernels on a packed weight ran all-MiniLM-L6-v2's projections
+1.07-1.76x faster in every (shape, rows) cell measured, 8 to 2048 rows (docs/operations/gemm.md).
+Which wins depends on the CPU, so it is measured, not assumed: per projection shape (in, out), each
+backend at PROBE_ROWS rows, best of a few calls (tens of ms a model, when it is built: never on the
+request path); oneDNN where it took less time over them. The choice is kept in a record beside the
+compile cache, keyed as its artifacts are (torch, the CPU's instruction set, precision): the next
+start reads it, another CPU class misses and measures again.
 
 The packed weight replaces the plain one (built where the model is built: in the forkserver, one copy
-for every engine). oneDNN builds and keeps a kernel per row count: the rows go on a multiple of
-ROW_STEP (at most 16 zero rows) and its caches are capped (engine/precision/rows.py), so an engine's
-memory stays bounded whatever the lengths. Its rows keep their bits whatever the count from 2 rows
-(bench.gemm: none of 2-64, ..., 511 differ inside a 2048-row product, where MKL's few-row products
-do), so a text's vector is the same alone and in any group. A compiled engine runs the graph's own
-products (MKL's): the choice is for eager engines (WARMPOOL_COMPILE=off).
+for every engine). oneDNN builds and keeps a kernel per row count: below FLOAT32_EXACT_FROM rows they
+go on a multiple of ROW_STEP (at most 15 zero rows: 15 kernels a shape), from it as they are, since
+the copy padding makes of a large group's input cost more than oneDNN gains (32 inputs of ~20 tokens:
+0.97x MKL's speed padded, 1.22x not; groups of 256-511 rows each new to the caches still 1.07x), and
+its caches are capped (engine/precision/rows.py): an engine's memory stays bounded whatever the
+lengths. Its rows keep their bits whatever the count from 2 rows (bench.gemm: none of 2-64, ...,
+511 differ inside a 2048-row product, where MKL's few-row products do), so a text's vector is the
+same alone and in any group. A compiled engine runs the graph's own products (MKL's): the choice is
+for eager engines (WARMPOOL_COMPILE=off).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.precision.rows import ROW_STEP, RowBucketed, cap_kernel_caches
+from engine.precision.rows import FLOAT32_EXACT_FROM, ROW_STEP, RowBucketed, cap_kernel_caches
 from engine.runtime.device import cpu_class
 
 PROBE_ROWS = (16, 64, 384)  # a short input, a few, a packed group (engine.runtime.batching.GROUP_TOKENS)
@@ -128,9 +132,14 @@ def select(model: nn.Module, precision: str, cache: Path) -> int:
     moved = 0
     for parent, name, linear in found:
         if choice[f"{linear.in_features}x{linear.out_features}"] == "onednn":
-            setattr(parent, name, RowBucketed(OneDnnLinear(linear), ROW_STEP))
+            setattr(parent, name, on_onednn(linear))
             moved += 1
     return moved
+
+
+def on_onednn(linear: nn.Linear) -> RowBucketed:
+    """The projection as the engine runs it on oneDNN: its packed weight, its rows' counts bounded."""
+    return RowBucketed(OneDnnLinear(linear), ROW_STEP, FLOAT32_EXACT_FROM)
 
 
 def _wrapped(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
