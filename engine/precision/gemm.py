@@ -145,14 +145,14 @@ def on_onednn(linear: nn.Linear) -> RowBucketed:
 def _wrapped(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
     """The layers' projections (engine/precision/rows.py layer_projections), seen through the
     RowBucketed wrapper float32 gives them: (the wrapper's parent, its name, the projection)."""
-    found: list[tuple[nn.Module, str, nn.Linear]] = []
+    found: dict[tuple[int, str], tuple[nn.Module, str, nn.Linear]] = {}  # a stack inside a stack: once
     for stack in [m for m in model.modules() if isinstance(m, nn.ModuleList)]:
         for parent in list(stack.modules()):
             for name, child in list(parent.named_children()):
                 inner = child.inner if isinstance(child, RowBucketed) else child
                 if type(inner) is nn.Linear:
-                    found.append((parent, name, inner))
-    return found
+                    found[(id(parent), name)] = (parent, name, inner)
+    return list(found.values())
 
 
 def describe(model: nn.Module) -> dict[str, Any]:
