@@ -352,7 +352,9 @@ class SettingFields(ServiceFields):
             Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "warmpool" / "compile"
         ),
         description=(
-            "Folder of compiled artifacts, one per model files, precision, torch version, CPU and warmpool version."
+            "Folder of compiled artifacts, one per model files, precision, torch version, CPU and warmpool version;"
+            " also eager engines' GEMM backend choices, one per torch version, CPU and precision"
+            " ([GEMM backends](../operations/gemm.md))."
         ),
         json_schema_extra={
             "default_text": "`~/.cache/warmpool/compile` (`/var/cache/warmpool` in the image, a volume)"

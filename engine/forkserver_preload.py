@@ -28,9 +28,10 @@ PLAN_WAIT_S = 60.0  # for the orchestrator's settings; it normally wrote the pla
 POLL_S = 0.005
 
 
-def _pairs(raw: Any) -> list[tuple[str, str]]:
+def _entries(raw: Any) -> list[tuple[str, str, Path | None]]:
+    """[folder, dtype, GEMM records' folder or ""] entries (engine/runtime/preloaded.py build_all)."""
     try:
-        return [(str(folder), str(dtype)) for folder, dtype in raw]
+        return [(str(folder), str(dtype), Path(records) if records else None) for folder, dtype, records in raw]
     except (ValueError, TypeError):
         return []
 
@@ -56,7 +57,7 @@ def wait_plan(path: Path, parent: int, deadline_s: float = PLAN_WAIT_S) -> dict[
 def run(environ: dict[str, str], parent: int) -> None:
     if FORKSERVER_MODELS_ENV in environ or FORKSERVER_PLAN_ENV not in environ:
         try:
-            models = _pairs(json.loads(environ.get(FORKSERVER_MODELS_ENV, "[]")))
+            models = _entries(json.loads(environ.get(FORKSERVER_MODELS_ENV, "[]")))
         except ValueError:
             models = []
         build_all(models)
@@ -68,7 +69,7 @@ def run(environ: dict[str, str], parent: int) -> None:
     for module in plan.get("modules", []):
         with contextlib.suppress(ImportError):  # as the stdlib's forkserver imports its preload list
             importlib.import_module(str(module))
-    build_all(_pairs(plan.get("models", [])))
+    build_all(_entries(plan.get("models", [])))
 
 
 run(dict(os.environ), os.getppid())

@@ -49,7 +49,8 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
         info = read_model_folder(spec.model_path)
         refuse_pickles(info, spec.allow_bin_weights)
         placement = place(spec.device, spec.dtype, weight_files(info.path))  # a Router's: its encoder's
-        model = PoolingModel(info, spec.threads, placement, spec.adapters)
+        records = spec.compile_cache if spec.compile == "off" else None  # eager: a GEMM backend chosen
+        model = PoolingModel(info, spec.threads, placement, spec.adapters, records)
         share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
         loaded = time.monotonic()
         send(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from torch import nn
 
 from engine.compiling.artifacts import CorruptArtifact, verify, write_manifest
 from engine.layers.packed import Packed
-from engine.runtime.device import cpu_flags
+from engine.runtime.device import cpu_class
 
 PACKAGE = "model.pt2"
 CONSTANTS = "constants.pt"
@@ -83,7 +82,7 @@ def cache_key(folder: Path, precision: str) -> str:
         "files": [[str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns] for f in files],
         "precision": precision,
         "torch": torch.__version__,
-        "isa": [platform.machine(), torch.backends.cpu.get_cpu_capability(), sorted(cpu_flags() or [])],
+        "isa": cpu_class(),
         "engine": hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES)).hexdigest(),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]

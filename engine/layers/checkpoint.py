@@ -123,7 +123,8 @@ def release_unused_pages(model: nn.Module, folder: Path) -> int:
     page cache, but no longer count in this process's RSS and PSS: the forkserver would otherwise
     hold a private share of every page it read to build a copy. Harmless for a page still in use:
     it faults back in."""
-    storages = [t.untyped_storage() for t in [*model.parameters(), *model.buffers()]]
+    tensors = [*model.parameters(), *model.buffers()]  # oneDNN's packed weights own their memory: no file's
+    storages = [t.untyped_storage() for t in tensors if not t.is_mkldnn]
     kept = sorted((s.data_ptr(), s.data_ptr() + s.nbytes()) for s in storages)
     released = 0
     for mapped in [m for m, where in list(_MAPPINGS.items()) if where == folder]:

@@ -7,6 +7,7 @@ this module's `place` asks for a device.
 
 from __future__ import annotations
 
+import platform
 import threading
 import time
 from dataclasses import dataclass, field
@@ -104,6 +105,12 @@ def cpu_has_int8() -> bool:
     served 0.05x float32's inputs/s (bench.peers)."""
     flags = cpu_flags()
     return flags is None or any(flag in flags for flag in INT8_FLAGS)
+
+
+def cpu_class() -> list[Any]:
+    """What tells one CPU class from another for code and choices made for it: the architecture,
+    torch's capability level and every instruction-set flag (the compile cache's key holds it)."""
+    return [platform.machine(), torch.backends.cpu.get_cpu_capability(), sorted(cpu_flags() or [])]
 
 
 def cpu_flags() -> list[str] | None:

@@ -17,7 +17,7 @@ from engine.heads import answer, default_head, dense, m3, multivector, sparse
 from engine.heads.pooling import pool, pool_packed
 from engine.layers import lora
 from engine.layers.packed import Packed
-from engine.precision import int8, rows
+from engine.precision import gemm, int8, rows
 from engine.runtime import preloaded
 from engine.runtime.device import Placement
 from engine.runtime.warmup import Warmup, warm_up
@@ -33,6 +33,7 @@ class PoolingModel:
         threads: int,
         placement: Placement | None = None,
         adapters: Sequence[tuple[str, Path]] = (),
+        gemm_records: Path | None = None,
     ) -> None:
         torch.set_num_threads(threads)
         self.info = info
@@ -42,13 +43,14 @@ class PoolingModel:
         self.pad_id = int(config.get("pad_token_id") or 0)
         self.uses_types = bool(config.get("type_vocab_size"))
         if info.native:  # built in the forkserver where it could be (engine/runtime/preloaded.py)
-            self.model, self.weights = preloaded.native_model(info, self.placement)
+            # with `gemm_records` (eager engines), its float32 layers' products on this CPU's faster backend
+            self.model, self.weights = preloaded.native_model(info, self.placement, gemm_records)
         else:
             self.model, self.weights = _transformers_model(info, device, dtype), {"weights": "engine"}
             if self.placement.int8:
                 int8.quantize(self.model)
             rows.bucket(self.model, device, dtype)
-        self.weights.update(int8.describe(self.model))
+        self.weights.update(int8.describe(self.model) | gemm.describe(self.model))
         if isinstance(self.model, clip.DualEncoder):  # the engine phase reports both towers
             self.weights["towers"] = self.model.towers
         # after the pooling; a ColBERT's project every token (in the native model itself, engine/heads/multivector.py)

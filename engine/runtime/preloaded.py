@@ -31,7 +31,7 @@ from common.modelfolder import ModelFolder, read_model_folder
 from engine import families
 from engine.heads import dense, multivector, sparse
 from engine.layers.checkpoint import release_unused_pages
-from engine.precision import int8, rows
+from engine.precision import gemm, int8, rows
 from engine.runtime.device import Placement, place
 
 
@@ -68,19 +68,19 @@ def build(info: ModelFolder, placement: Placement) -> nn.Module:
     return model
 
 
-def build_all(entries: list[tuple[str, str]]) -> None:
-    """Build each (folder, precision) on the CPU, keeping the model or the error. On one torch thread:
-    a forked child cannot use GNU OpenMP's pool if its parent started one, and at one thread torch
-    never starts it."""
+def build_all(entries: list[tuple[str, str, Path | None]]) -> None:
+    """Build each (folder, precision, GEMM records' folder or None) on the CPU, keeping the model or
+    the error. On one torch thread: a forked child cannot use GNU OpenMP's pool if its parent started
+    one, and at one thread torch never starts it (a GEMM backend measured here is measured on one)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for folder, precision in entries:
+        for folder, precision, records in entries:
             started = time.monotonic()
             try:
                 info = read_model_folder(Path(folder))
                 folder = str(info.path)  # a Router folder's model is its document encoder: looked up by it
-                model = build(info, place("cpu", precision, [])) if info.native else None
+                model = built_with_gemm(info, place("cpu", precision, []), records) if info.native else None
                 BUILT[(folder, precision)] = Built(model, time.monotonic() - started)
             except Exception as exc:  # kept for the engine, which loads the model itself and reports it
                 BUILT[(folder, precision)] = Built(None, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
@@ -88,13 +88,26 @@ def build_all(entries: list[tuple[str, str]]) -> None:
         torch.set_num_threads(threads)
 
 
-def native_model(info: ModelFolder, placement: Placement) -> tuple[nn.Module, dict[str, Any]]:
+def built_with_gemm(info: ModelFolder, placement: Placement, records: Path | None) -> nn.Module:
+    """build(), then, with a GEMM records' folder (eager engines), the layers' float32 projections on
+    the backend chosen for this CPU (engine/precision/gemm.py): the packed weights replace the plain
+    ones before any engine is forked, the checkpoint's pages they came from released."""
+    model = build(info, placement)
+    if records is not None and not placement.cuda and gemm.select(model, placement.precision, records):
+        release_unused_pages(model, info.path)
+    return model
+
+
+def native_model(
+    info: ModelFolder, placement: Placement, records: Path | None = None
+) -> tuple[nn.Module, dict[str, Any]]:
     """The folder's native model and, for the engine phase, where its weights came from: `forkserver`
-    (built there, inherited: nothing read or copied here) or `engine` (loaded here)."""
+    (built there, inherited: nothing read or copied here) or `engine` (loaded here, its GEMM backend
+    chosen with `records`)."""
     built = BUILT.get((str(info.path), placement.precision)) if not placement.cuda else None
     if built is not None and built.model is not None:
         return built.model, {"weights": "forkserver", "forkserver_build_s": round(built.seconds, 3)}
     detail: dict[str, Any] = {"weights": "engine"}
     if built is not None and built.error:
         detail["forkserver_error"] = built.error
-    return build(info, placement), detail
+    return built_with_gemm(info, placement, records), detail

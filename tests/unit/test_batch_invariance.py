@@ -14,6 +14,7 @@ import torch
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
 from engine.heads import answer
+from engine.precision import gemm
 from engine.runtime.batching import split_packed
 from engine.runtime.device import cpu_has, cpu_has_int8, place
 from engine.runtime.model import PoolingModel
@@ -22,10 +23,17 @@ PROBES = (3, 5, 11)  # tokens; each alone is a product of that many rows
 COMPOSITIONS = 6  # per probe: 1..30 other inputs of 1..200 tokens, the probe at a random place
 
 
-def engine(model_dir: Path, precision: str) -> PoolingModel:
+ONEDNN = "float32-onednn"  # float32 with the layers' products on oneDNN's packed weights (engine/precision/gemm.py)
+
+
+def engine(model_dir: Path, precision: str, records: Path, monkeypatch: pytest.MonkeyPatch) -> PoolingModel:
     if (precision == "bfloat16" and not cpu_has(torch.bfloat16)) or (precision == "int8" and not cpu_has_int8()):
         pytest.skip(f"this CPU has no {precision} instructions: the engine refuses {precision} here")
-    return PoolingModel(read_model_folder(model_dir), threads=2, placement=place("cpu", precision, []))
+    if precision == ONEDNN:  # chosen whatever this CPU prefers
+        monkeypatch.setattr(gemm, "measure", lambda k, n: "onednn")
+    placement = place("cpu", precision.removesuffix("-onednn"), [])
+    chosen = records if precision == ONEDNN else None
+    return PoolingModel(read_model_folder(model_dir), threads=2, placement=placement, gemm_records=chosen)
 
 
 def text(rng: random.Random, n: int) -> Tokens:
@@ -33,11 +41,13 @@ def text(rng: random.Random, n: int) -> Tokens:
     return Tokens([101, *(rng.randrange(1000, 30000) for _ in range(max(n - 2, 0))), 102][:n])
 
 
-@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])
-def test_an_input_has_the_same_bits_alone_and_in_any_packed_group(model_dir: Path, precision: str) -> None:
+@pytest.mark.parametrize("precision", ["float32", ONEDNN, "bfloat16", "int8"])
+def test_an_input_has_the_same_bits_alone_and_in_any_packed_group(
+    model_dir: Path, precision: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each probe's vector, alone, is bitwise the one it gets in every group the engine's batching cuts
     from a batch of 1..30 random inputs around it (groups within the engine's token budget)."""
-    model = engine(model_dir, precision)
+    model = engine(model_dir, precision, tmp_path, monkeypatch)
     rng = random.Random(7)
     for length in PROBES:
         probe = text(rng, length)

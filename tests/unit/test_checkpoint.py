@@ -117,7 +117,7 @@ def test_an_engine_takes_the_model_the_forkserver_built(tiny: TinyFolders) -> No
     """A CPU engine uses the model the forkserver built for its folder and dtype as it is (nothing
     loaded again), and loads one itself for another dtype."""
     folder = tiny["mpnet"]
-    preloaded.build_all([(str(folder), "float32")])
+    preloaded.build_all([(str(folder), "float32", None)])
     try:
         built = preloaded.BUILT[(str(folder), "float32")]
         engine = PoolingModel(read_model_folder(folder), threads=1)
