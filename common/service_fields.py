@@ -68,7 +68,7 @@ class ServiceFields(BaseSettings):
     )
     cache_ttl: float = Field(86400.0, gt=0, description="Seconds an entry lives in Redis.")
     cache_timeout: float = Field(
-        0.005,
+        0.05,
         gt=0,
         le=5,
         description="Seconds a request waits for Redis at most (then it computes: a miss, never a failure).",
