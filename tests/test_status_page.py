@@ -30,7 +30,8 @@ FIGURES = """({refreshes: Number(document.body.dataset.refreshes), marker: windo
 def guarded_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("logs") / "status-page.log"
     batches = tmp_path_factory.mktemp("batches")
-    with serving(model_dir, log, api_key=API_KEY, engines=1, batch_dir=batches) as proc:
+    # two lines at once: a job's groups (4 x that many lines) commit, and show, one after another
+    with serving(model_dir, log, api_key=API_KEY, engines=1, batch_dir=batches, batch_concurrency=2) as proc:
         proc.client.headers["authorization"] = f"Bearer {API_KEY}"
         yield proc
 
@@ -107,7 +108,7 @@ def test_the_page_follows_the_request_counters_without_reloading(
 
 def test_a_running_batch_jobs_progress_is_shown(guarded_server: ServerProcess, page: HeadlessChromium) -> None:
     """The batch card shows the running job's lines done of its total, and its id and rate beneath."""
-    texts = [[f"t {i} {j}" for j in range(16)] for i in range(120)]
+    texts = [[f"t {i} {j}" for j in range(4)] for i in range(480)]
     lines = [
         {"custom_id": f"b{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": t}}
         for i, t in enumerate(texts)
@@ -119,8 +120,8 @@ def test_a_running_batch_jobs_progress_is_shown(guarded_server: ServerProcess, p
     card = "[document.getElementById('batch').textContent, document.getElementById('batch-rate').textContent]"
     try:
         done, rate = wait_for(
-            lambda: (shown := page.evaluate(card))[0] not in ("none", "0 / 120") and shown, 30, "the job on the page"
+            lambda: (shown := page.evaluate(card))[0] not in ("none", "0 / 480") and shown, 30, "the job on the page"
         )
     finally:
         guarded_server.post(f"/v1/batches/{batch['id']}/cancel")
-    assert done.endswith(" / 120") and batch["id"] in rate and "lines/s" in rate
+    assert done.endswith(" / 480") and batch["id"] in rate and "lines/s" in rate
