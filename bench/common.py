@@ -61,13 +61,18 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) one process has used; 0 once it is gone."""
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of one process, in clock ticks (0 once it is gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) one process has used; 0 once it is gone."""
+    return cpu_ticks(pid) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:

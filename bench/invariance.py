@@ -31,14 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import MODEL, run, sentences
+from bench.common import MODEL, cpu_ticks, run, sentences
 from bench.invariance_client import (
     CompileWatch,
     batch_metrics,
     body,
     compile_summary,
     composition,
-    cpu_ticks,
     max_diff,
     send_all,
     start,

@@ -69,15 +69,6 @@ def max_diff(a: bytes, b: bytes) -> float:
     return float(np.max(np.abs(np.frombuffer(a, np.float32) - np.frombuffer(b, np.float32))))
 
 
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of one process, in clock ticks (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
-
-
 def batch_metrics(server: ServerProcess) -> tuple[float, float, float]:
     """Groups run so far, their rows and their tokens, every model's."""
     totals = {"warmpool_batch_size_count": 0.0, "warmpool_batch_size_sum": 0.0, "warmpool_batch_tokens_sum": 0.0}
