@@ -66,12 +66,13 @@ def backends(weight: Any, bias: Any, rows: int, pack_rows: int, openblas: bool) 
     if openblas:
         w_t, b_np = weight.t().contiguous().numpy(), bias.numpy()
         return {"openblas": lambda x: np.add(np.matmul(x.numpy(), w_t), b_np)}
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, pack_rows)
-    calls: dict[str, Callable[[Any], Any]] = {
-        "aten": lambda x: F.linear(x, weight, bias),
-        "onednn-packed": lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""),
-        "onednn-plain": lambda x: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], ""),
-    }
+    calls: dict[str, Callable[[Any], Any]] = {"aten": lambda x: F.linear(x, weight, bias)}
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, pack_rows)
+        calls["onednn-packed"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    except RuntimeError:  # oneDNN packs bfloat16 only on AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT CPUs
+        pass
+    calls["onednn-plain"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     if weight.dtype == torch.float32 and torch._C.has_mkl:
         mkl_packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
         calls["mkl-packed"] = lambda x: torch.ops.mkl._mkl_linear(x, mkl_packed, weight, bias, rows)
@@ -119,6 +120,15 @@ def peak(dtype: Any, rounds: int, pack_rows: int) -> tuple[float, str]:
     best = {name: min(timed(lambda c=call: c(x), 1) for _ in range(tries)) for name, call in calls.items()}  # type: ignore[misc]
     name = min(best, key=lambda n: best[n])
     return 2 * PEAK_SIZE**3 / best[name] / 1e9, name
+
+
+def peak_aten(dtype: Any) -> float:
+    """GFLOP/s of F.linear on a PEAK_SIZE-cube product, best of 3."""
+    import torch
+    import torch.nn.functional as F
+
+    w, x = torch.randn(PEAK_SIZE, PEAK_SIZE).to(dtype), torch.randn(PEAK_SIZE, PEAK_SIZE).to(dtype)
+    return 2 * PEAK_SIZE**3 / min(timed(lambda: F.linear(x, w), 1) for _ in range(3)) / 1e9
 
 
 def table(dtype_name: str, rows: list[int], rounds: int, pack_rows: int, openblas: bool = False) -> None:
@@ -256,6 +266,11 @@ def main() -> None:
     print("GFLOP/s and % of the precision's peak; (x aten): median per-round speed ratio against F.linear")
     with threadpool_limits(limits=threads, user_api="blas"):
         for dtype in args.dtypes.split(","):
+            if dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+                # oneDNN has no bfloat16 kernels for it (its products fail), aten's emulate: the
+                # appliance refuses WARMPOOL_DTYPE=bfloat16 on such a CPU (engine/runtime/device.py)
+                print(f"\nbfloat16: this CPU has no bfloat16 instructions (peak {peak_aten(torch.bfloat16):.0f} GFLOP/s, emulated)")
+                continue
             table(dtype, rows, args.rounds, args.pack_rows)
         if "float32" in args.dtypes:
             table("float32", rows, args.rounds, args.pack_rows, openblas=True)
