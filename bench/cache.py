@@ -3,12 +3,14 @@ hit's latency against a miss, and the HTTP process's RSS after many distinct inp
 
 Two servers on the same model, cache off (WARMPOOL_CACHE_BYTES=0, the baseline) and on, measured
 in the same run: a corpus where 35 % of the rows repeat earlier ones and one with none, each at
-`--clients` clients, in requests of each `--corpus-per-request` size (one input a request puts the
-per-request cost of HTTP, tokenizing and rendering, the same for a hit, on the 2 cores the engines
-share), as inputs/s and p99, the ratio on/off; then at 1 client a hit's latency against a miss's
-(distinct inputs, then the same ones again); then, on a fresh server, `--distinct` inputs through a
-cache bounded at `--bound`, the HTTP process's RSS before and after. Prints; never asserts.
-Usage: .venv/bin/python -m bench.cache [--rows 2000] [--clients 32] [--corpus-per-request 1,8]
+`--clients` clients, in `--rounds` paired rounds (a fresh corpus each, the servers' order alternating:
+the machine drifts by more than the cache costs), in requests of each `--corpus-per-request` size
+(one input a request puts the per-request cost of HTTP, tokenizing and rendering, the same for a hit,
+on the 2 cores the engines share), as inputs/s and p99, the ratio on/off; then at 1 client a hit's
+latency against a miss's (distinct inputs, then the same ones again); then, on a fresh server,
+`--distinct` inputs through a cache bounded at `--bound`, the HTTP process's RSS before and after.
+Prints; never asserts.
+Usage: .venv/bin/python -m bench.cache [--rows 2000] [--clients 32] [--corpus-per-request 1,8] [--rounds 3]
          [--distinct 200000] [--bound 64Mi] [--per-request 128]
 """
 
@@ -89,26 +91,37 @@ async def drive_batched(port: int, texts: list[str], per_request: int, clients: 
     return failed
 
 
-def comparisons(servers: dict[str, ServerProcess], rows: int, clients: int, sizes: list[int]) -> None:
-    """Cache on against off on a corpus with repeats and one without, for each request size (fresh
-    corpora each: the cache holds none of their texts); a hit's latency against a miss."""
+def measured(server: ServerProcess, texts: list[str], clients: int, size: int, label: str) -> float:
+    """One pass of `texts` through `server`: prints inputs/s, p99 and each process's cores; the rate."""
+    pids = process_tree(server.proc.pid)
+    before, started = [cpu_seconds(p) for p in pids], time.perf_counter()
+    rate, latencies = run(drive(server.port, texts, clients, size))
+    wall = time.perf_counter() - started
+    cores = [(cpu_seconds(p) - b) / wall for p, b in zip(pids, before, strict=True)]
+    print(
+        f"    {label:>36}: {rate:8.1f}/s  p99 {pct(latencies, 0.99):7.1f}  cores: HTTP process {cores[0]:.2f}, "
+        f"engines and forkserver {sum(cores[1:]):.2f}"
+    )
+    return rate
+
+
+def comparisons(servers: dict[str, ServerProcess], rows: int, clients: int, sizes: list[int], rounds: int) -> None:
+    """Cache on against off on a corpus with repeats and one without, for each request size, in `rounds`
+    paired rounds (a fresh corpus each: the cache holds none of its texts; the order alternating, so
+    both see the machine's drift alike): per round inputs/s, p99 and the cores each process used, then
+    the median of the per-round ratios on/off; then a hit's latency against a miss."""
     for size, seed in zip(sizes, range(10, 1000, 10), strict=False):
-        corpora = {"35% repeated": corpus(rows, 0.35, seed), "no repeats": corpus(rows, 0.0, seed + 1)}
         print(f"{rows} rows, {clients} clients, {size} input(s) a request: inputs/s, p99 ms")
-        for label, texts in corpora.items():
-            got = {}
-            for mode, server in servers.items():
-                pids = process_tree(server.proc.pid)
-                before, started = [cpu_seconds(p) for p in pids], time.perf_counter()
-                rate, latencies = run(drive(server.port, texts, clients, size))
-                wall = time.perf_counter() - started
-                cores = [(cpu_seconds(p) - b) / wall for p, b in zip(pids, before, strict=True)]
-                got[mode] = rate
-                print(
-                    f"  {label:>13}, cache {mode:>3}: {rate:8.1f}/s  p99 {pct(latencies, 0.99):7.1f}  cores: HTTP "
-                    f"process {cores[0]:.2f}, engines and forkserver {sum(cores[1:]):.2f}"
-                )
-            print(f"  {label:>13}: on/off {got['on'] / got['off']:.2f}x")
+        for label, repeated in (("35% repeated", 0.35), ("no repeats", 0.0)):
+            ratios = []
+            for r in range(rounds):
+                texts = corpus(rows, repeated, seed * 100 + 2 * r + (repeated == 0))
+                got = {}
+                for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                    got[mode] = measured(servers[mode], texts, clients, size, f"{label}, round {r + 1}, cache {mode}")
+                ratios.append(got["on"] / got["off"])
+            each = ", ".join(f"{x:.2f}" for x in ratios)
+            print(f"  {label:>13}: on/off {statistics.median(ratios):.2f}x (rounds {each})")
     on = servers["on"]
     fresh = sentences(200, seed=3)
     _, misses = run(drive(on.port, fresh, 1))
@@ -146,6 +159,7 @@ def main() -> None:
     parser.add_argument("--bound", default="64Mi")
     parser.add_argument("--per-request", type=int, default=128, help="inputs a request in the memory pass")
     parser.add_argument("--corpus-per-request", default="1,8", help="inputs a request in the corpus passes")
+    parser.add_argument("--rounds", type=int, default=3, help="paired rounds per corpus and request size")
     parser.add_argument("--model", type=Path, default=MODEL)
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="bench-cache-"))
@@ -156,7 +170,8 @@ def main() -> None:
     try:
         for server in servers.values():
             server.wait_ready()
-        comparisons(servers, args.rows, args.clients, [int(n) for n in args.corpus_per_request.split(",")])
+        sizes = [int(n) for n in args.corpus_per_request.split(",")]
+        comparisons(servers, args.rows, args.clients, sizes, args.rounds)
     finally:
         for server in servers.values():
             server.stop()

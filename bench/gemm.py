@@ -269,7 +269,8 @@ def main() -> None:
             if dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
                 # oneDNN has no bfloat16 kernels for it (its products fail), aten's emulate: the
                 # appliance refuses WARMPOOL_DTYPE=bfloat16 on such a CPU (engine/runtime/device.py)
-                print(f"\nbfloat16: this CPU has no bfloat16 instructions (peak {peak_aten(torch.bfloat16):.0f} GFLOP/s, emulated)")
+                top = peak_aten(torch.bfloat16)
+                print(f"\nbfloat16: this CPU has no bfloat16 instructions (peak {top:.0f} GFLOP/s, emulated)")
                 continue
             table(dtype, rows, args.rounds, args.pack_rows)
         if "float32" in args.dtypes:

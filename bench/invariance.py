@@ -8,7 +8,8 @@ place) sent by 16 concurrent clients; the probe's vectors are compared as raw fl
 does the request alone reproduce it, which engine computed it (its CPU time, /proc/PID/stat), in how
 many groups of how many rows and tokens (warmpool_batch_size / warmpool_batch_tokens deltas); and
 the first `--sequential` compositions are sent again from one client (nothing to batch them with):
-their distinct patterns, and how many probes differ from the 16-client pass.
+their distinct patterns, and how many probes differ from the 16-client pass. Then the configuration
+is started again and the probe sent alone: the same bits after a restart?
 
 "Right after ready": a fresh server with default settings (compile auto, an empty cache) is sent
 `--texts` texts in requests of 50 the moment it is ready; another fresh one the same texts one at a
@@ -79,6 +80,7 @@ class Cell:
     alone_ran: int = 0  # the first compositions again, from one client: no other request to batch with
     alone_patterns: int = 0
     alone_vs_busy: int = 0  # of those, probes whose bits differ from the 16-client pass's
+    restarted: str = ""  # the probe alone on the same configuration started again: same bits?
 
 
 def replay(server: ServerProcess, texts: list[str], at: int, pids: list[int]) -> tuple[bytes, str]:
@@ -147,8 +149,23 @@ def run_cell(
             )
     finally:
         server.stop()
+    cell.restarted = after_restart(name, settings, tmp, probe, cell.reference)
     cell.mechanism = suspect(cell)
     return cell
+
+
+def after_restart(name: str, settings: dict[str, Any], tmp: Path, probe: str, reference: bytes) -> str:
+    """The probe alone on a fresh server of the same configuration (compiled cells: the artifact the
+    first one used, from its cache): the same bits as before the restart?"""
+    server = start(tmp / f"{name}-restarted.log", **settings)
+    if isinstance(server, str):
+        return server
+    try:
+        server.wait_engines(120)
+        again = vectors(server.post("/v1/embeddings", json=body([probe])).content)[0]
+    finally:
+        server.stop()
+    return "same bits" if again == reference else f"{max_diff(again, reference):.2e}"
 
 
 def suspect(cell: Cell) -> str:
@@ -308,15 +325,18 @@ def main() -> None:
     base = next((c.reference for c in cells if c.reference and c.name.startswith("f32-eager-e1")), b"")
     print(
         f"\n{'configuration':<18} {'ran':>4} {'patterns':>8} {'max|diff| ref':>13} {'ref vs f32-e1':>13} "
-        f"{'1-client: ran/patterns/differ':>29}  mechanism"
+        f"{'1-client: ran/patterns/differ':>29} {'restarted':>10}  mechanism"
     )
     for c in cells:
         if c.served:
-            print(f"{c.name:<18} {'-':>4} {'-':>8} {'-':>13} {'-':>13} {'-':>29}  {c.served}")
+            print(f"{c.name:<18} {'-':>4} {'-':>8} {'-':>13} {'-':>13} {'-':>29} {'-':>10}  {c.served}")
             continue
         cross = "same bits" if c.reference == base else (f"{max_diff(c.reference, base):.2e}" if base else "-")
         quiet = f"{c.alone_ran}/{c.alone_patterns}/{c.alone_vs_busy}"
-        print(f"{c.name:<18} {c.ran:>4} {len(c.patterns):>8} {c.worst:>13.2e} {cross:>13} {quiet:>29}  {c.mechanism}")
+        print(
+            f"{c.name:<18} {c.ran:>4} {len(c.patterns):>8} {c.worst:>13.2e} {cross:>13} {quiet:>29} "
+            f"{c.restarted:>10}  {c.mechanism}"
+        )
     for c in cells:
         if c.replays:
             print(f"\n{c.name} (engines {c.engines}):")
