@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from bench.common import MODEL, Connection, pct, run, sentences
+from server.batches.runner import BATCH_PRIORITY
 from tests.server_process import ServerProcess
 
 POLL_S = 0.2
@@ -56,14 +57,14 @@ def wait_done(server: ServerProcess, batch_id: str) -> dict[str, Any]:
         time.sleep(POLL_S)
 
 
-async def clients(port: int, texts: list[str], count: int) -> float:
+async def clients(port: int, texts: list[str], count: int, priority: int = 0) -> float:
     """inputs/s of `count` clients taking the texts one request each."""
     queue = list(reversed(texts))
 
     async def client() -> None:
         conn = Connection(port)
         while queue:
-            status, _, _ = await conn.post("/v1/embeddings", {"input": queue.pop()})
+            status, _, _ = await conn.post("/v1/embeddings", {"input": queue.pop(), "priority": priority})
             assert status == 200
         conn.close()
 
@@ -110,7 +111,9 @@ def main() -> None:
         server.wait_ready().wait_engines()
         server.client = httpx.Client(base_url=server.url, timeout=60)
         try:
-            run(clients(server.port, texts[:256], args.clients))  # warm
+            # warm, at the job's bulk priority: an interactive request would shrink the engines' bulk
+            # groups for the next URGENT_WINDOW_S (engine.runtime.batching), the job's first seconds
+            run(clients(server.port, texts[:256], args.clients, priority=BATCH_PRIORITY))
             file_id = upload(server, texts)
             batch_id, started = job(server, file_id)
             record = wait_done(server, batch_id)
