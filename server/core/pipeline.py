@@ -237,7 +237,8 @@ async def respond(
     HTTP request and a batch job's line (server/core/internal.py) share. `gone` done: given up (499).
     `traced` holds the request's Timings and gets its model. A `tenant` (server/tenants/) limits the
     models it may name, and its tokens per minute are charged once the tokens are counted. `on_loop`: a
-    short text's, prepared and rendered on the loop (less CPU than the two executor hops around them)."""
+    short text's, prepared and rendered on the loop (less CPU than the two executor hops around them;
+    with the result cache on, rendered on the executor still, where the cache stores its rows)."""
     timings: Timings = traced["timings"]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + svc.settings.request_timeout

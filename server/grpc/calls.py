@@ -4,8 +4,8 @@ rendered straight into the response message's bytes (on the executor, as the rou
 
 Every `prepare` here builds its JSON body on the executor: nothing of the request's size is done on
 the event loop; except a short text's (Embed's, Predict's, up to LOOP_CHARS), prepared and rendered
-on the loop: tokenizing it costs less CPU than the two executor hops around it (~35-80 us each on a
-Zen 3 core), and a stream of such messages is gRPC's common case."""
+on the loop (pipeline.respond's on_loop): tokenizing it costs less CPU than the executor hops around
+it (~35-80 us each on a Zen 3 core), and a stream of such messages is gRPC's common case."""
 
 from __future__ import annotations
 

@@ -127,8 +127,10 @@ class TeiServices:
             gone = asyncio.get_running_loop().create_future()  # the task's cancellation covers a client gone
             traced: dict[str, Any] = {"timings": timings}
             try:
-                ran = (self.svc, call.prepare, call.render, b"", "tei", caller.priority, traced, gone, caller.tenant)
-                prepared, outcome, _ = await respond(*ran, on_loop=call.on_loop)
+                small = call.on_loop
+                prepared, outcome, _ = await respond(
+                    self.svc, call.prepare, call.render, b"", "tei", caller.priority, traced, gone, caller.tenant, small
+                )
             finally:
                 gone.cancel()
             total = time.perf_counter() - timings.started
