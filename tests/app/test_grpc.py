@@ -111,6 +111,27 @@ def test_only_a_long_texts_embed_is_prepared_on_the_executor(
     assert ("at_priority" in ran) == on_executor  # pipeline.at_priority: the prepare the executor runs
 
 
+def test_without_the_result_cache_a_short_texts_embed_never_leaves_the_loop(
+    model_dir: Path, tei: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prepared and rendered on the loop (the cache, when on, renders on the executor where it
+    stores its rows): the answer is HTTP's, and the executor ran nothing for it."""
+    with serving(model_dir, grpc_port=free_port(), cache_bytes="0") as app:
+        executor, ran = app.services.executor, []
+        submit = executor.submit
+
+        def recorded(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            ran.append(getattr(getattr(fn, "func", fn), "__name__", ""))
+            return submit(fn, *args, **kwargs)
+
+        monkeypatch.setattr(executor, "submit", recorded)
+        with channel(app) as ch:
+            got = tei.rpc.EmbedStub(ch).Embed(tei.pb.EmbedRequest(inputs=TEXTS[0]), timeout=TIMEOUT_S)
+        assert {"at_priority", "_finish"}.isdisjoint(ran)
+        expected = http(app, "/embed", {"inputs": TEXTS[0]})[0]
+    np.testing.assert_array_equal(np.array(got.embeddings, np.float32), np.array(expected, np.float32))
+
+
 def test_embed_all_answers_as_http_embed_all(embedder: InProcessServer, tei: Any) -> None:
     with channel(embedder) as ch:
         got = tei.rpc.EmbedStub(ch).EmbedAll(tei.pb.EmbedAllRequest(inputs=TEXTS[2]), metadata=KEY, timeout=TIMEOUT_S)
