@@ -2,8 +2,10 @@
 
 One server with WARMPOOL_GRPC_PORT; at each client count the three ways take turns, round by round,
 so the machine's drift hits them alike; each client sends its next input when its last is answered.
-Prints inputs/s and p50 per way and client count, and each gRPC way's ratio to HTTP measured in the
-same rounds (the target: streaming at least 1.0x HTTP at 32 clients); never asserts.
+Prints inputs/s and p50 per way and client count, each gRPC way's ratio to HTTP measured in the
+same rounds (the target: streaming at least 1.0x HTTP at 32 clients), and the CPU each call cost the
+server's HTTP process and this load generator (robust to other load on the machine, which inputs/s
+is not); never asserts.
 Usage: .venv/bin/python -m bench.grpc_vs_http [--seconds 5] [--rounds 3] [--clients 1,32]
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -18,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import MODEL, Connection, pct, run, sentences
+from bench.common import MODEL, Connection, cpu_ticks, pct, run, sentences
 from tests.server_process import ServerProcess, free_port
 
 WAYS = ("http", "grpc", "grpc-stream")
@@ -92,17 +95,23 @@ async def grpc_way(port: int, clients: int, seconds: float, streaming: bool) -> 
                 await stream.done_writing()
 
 
-async def measure(http_port: int, grpc_port: int, clients: int, seconds: float, rounds: int) -> dict[str, Any]:
-    """Per way: inputs/s per round and every latency; the ways in turn within each round."""
+async def measure(
+    server_pid: int, http_port: int, grpc_port: int, clients: int, seconds: float, rounds: int
+) -> dict[str, Any]:
+    """Per way: inputs/s per round, every latency, and the CPU ticks the server's HTTP process
+    (`server_pid`) and this process spent; the ways in turn within each round."""
     ways: dict[str, Callable[[], Awaitable[list[float]]]] = {
         "http": lambda: http_way(http_port, clients, seconds),
         "grpc": lambda: grpc_way(grpc_port, clients, seconds, streaming=False),
         "grpc-stream": lambda: grpc_way(grpc_port, clients, seconds, streaming=True),
     }
-    found: dict[str, Any] = {way: {"rates": [], "latencies": []} for way in WAYS}
+    found: dict[str, Any] = {way: {"rates": [], "latencies": [], "server": 0, "client": 0} for way in WAYS}
     for _ in range(rounds):
         for way in WAYS:
+            server, client = cpu_ticks(server_pid), cpu_ticks(os.getpid())
             latencies = await ways[way]()
+            found[way]["server"] += cpu_ticks(server_pid) - server
+            found[way]["client"] += cpu_ticks(os.getpid()) - client
             found[way]["rates"].append(len(latencies) / seconds)
             found[way]["latencies"] += latencies
     return found
@@ -120,14 +129,23 @@ def main() -> None:
         server = ServerProcess(args.model, Path(tmp) / "server.log", grpc_port=grpc_port, log_level="warning")
         try:
             server.wait_ready()
-            print(f"{'clients':>7} {'way':>12} {'inputs/s':>9} {'p50 ms':>7} {'x http':>7}")
+            print(
+                f"{'clients':>7} {'way':>12} {'inputs/s':>9} {'p50 ms':>7} {'x http':>7}"
+                f" {'server cpu ms/call':>18} {'client cpu ms/call':>18}"
+            )
+            tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
             for clients in (int(c) for c in args.clients.split(",")):
-                found = run(measure(server.port, grpc_port, clients, args.seconds, args.rounds))
+                found = run(measure(server.proc.pid, server.port, grpc_port, clients, args.seconds, args.rounds))
                 http_rate = statistics.median(found["http"]["rates"])
                 for way in WAYS:
                     rate = statistics.median(found[way]["rates"])
                     p50 = pct(found[way]["latencies"], 0.5)
-                    print(f"{clients:>7} {way:>12} {rate:>9.1f} {p50:>7.2f} {rate / http_rate:>7.2f}")
+                    calls = max(len(found[way]["latencies"]), 1)
+                    server_ms, client_ms = (found[way][k] * tick_ms / calls for k in ("server", "client"))
+                    print(
+                        f"{clients:>7} {way:>12} {rate:>9.1f} {p50:>7.2f} {rate / http_rate:>7.2f}"
+                        f" {server_ms:>18.3f} {client_ms:>18.3f}"
+                    )
         finally:
             server.stop()
 

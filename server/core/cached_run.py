@@ -109,9 +109,9 @@ class ResultCache:
         return made
 
     def lookup(self, model: ServedModel, tokens: list[Tokens]) -> Lookup:
-        """On the executor: each input's key, and its answer where the LRU holds it. While the model's
-        engines run different forwards (a compile switch under way) nothing is looked up nor kept: the
-        keys only join identical inputs in flight."""
+        """Where prepare runs (the executor; a short gRPC text's: the loop): each input's key, and its
+        answer where the LRU holds it. While the model's engines run different forwards (a compile
+        switch under way) nothing is looked up nor kept: the keys only join identical inputs in flight."""
         mode, changes = model.engine.modes.serving()
         digest = self.digest(model, mode or "mixed")
         keys = [input_key(digest, t, self._adapter(model, t.adapter)) for t in tokens]

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import base64
+import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
 from server.core import fp8
 from server.http.errors import bad_request
+
+if TYPE_CHECKING:
+    from server.core.inputs import RequestContext
 
 
 def normalize(vectors: np.ndarray) -> np.ndarray:
@@ -162,3 +167,14 @@ ENTRY_BYTES = 36  # the most one sparse weight takes: {"index":30521,"value":1.2
 def to_json(body: Any) -> bytes:
     """orjson writes float32 arrays in their shortest round-trip form, ~10x faster than json."""
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def envelope(prefix: str, ctx: RequestContext, **fields: Any) -> dict[str, Any]:
+    """vLLM's common response fields."""
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": ctx.model_name,
+        **fields,
+    }

@@ -127,8 +127,9 @@ class TeiServices:
             gone = asyncio.get_running_loop().create_future()  # the task's cancellation covers a client gone
             traced: dict[str, Any] = {"timings": timings}
             try:
+                small = call.on_loop
                 prepared, outcome, _ = await respond(
-                    self.svc, call.prepare, call.render, b"", "tei", caller.priority, traced, gone, caller.tenant
+                    self.svc, call.prepare, call.render, b"", "tei", caller.priority, traced, gone, caller.tenant, small
                 )
             finally:
                 gone.cancel()

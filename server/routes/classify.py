@@ -8,7 +8,7 @@ from fastapi.responses import Response
 from server.core import inputs, outputs
 from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
-from server.core.pipeline import Prepared, answer, envelope
+from server.core.pipeline import Prepared, answer
 from server.kinds.labels import label
 from server.protocols.openai import ClassifyRequest, openapi_body
 
@@ -30,7 +30,7 @@ def render_classify(prep: Prepared[ClassifyRequest, None], outcome: Outcome, ctx
         {"index": i, "label": label(ctx, int(row.argmax())), "probs": row.tolist(), "num_classes": len(row)}
         for i, row in enumerate(probs)
     ]
-    return outputs.to_json(envelope("classify", ctx, data=data, usage=prep.usage()))
+    return outputs.to_json(outputs.envelope("classify", ctx, data=data, usage=prep.usage()))
 
 
 @router.post("/classify", openapi_extra=openapi_body(ClassifyRequest))

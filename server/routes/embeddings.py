@@ -11,7 +11,7 @@ from server import kinds
 from server.core import inputs, outputs
 from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
-from server.core.pipeline import Prepared, answer, envelope
+from server.core.pipeline import Prepared, answer
 from server.kinds import m3
 from server.kinds.base import Ask
 from server.protocols.openai import EmbeddingRequest, PoolingRequest, SparseOptions, VectorEncoding, openapi_body
@@ -51,10 +51,10 @@ def render_embeddings(prep: Prepared[Ask, Any], outcome: Outcome, ctx: RequestCo
     encoding = prep.body.encoding
     if encoding.encoding_format in outputs.RAW:
         vectors = [item["embedding"] for item in items]
-        meta = envelope("embd", ctx, usage=prep.usage())
+        meta = outputs.envelope("embd", ctx, usage=prep.usage())
         return outputs.raw_vectors(vectors, encoding.encoding_format, encoding.embed_dtype, encoding.endianness, meta)
     data = [{"object": "embedding", "index": i, **item} for i, item in enumerate(items)]
-    return outputs.to_json(envelope("embd", ctx, data=data, usage=prep.usage()))
+    return outputs.to_json(outputs.envelope("embd", ctx, data=data, usage=prep.usage()))
 
 
 def prepare_pooling(raw: bytes, ctx: RequestContext) -> Prepared[PoolingRequest, Any]:
@@ -95,13 +95,13 @@ def render_pooling(
         options = SparseOptions(top_k=None, threshold=None)
         items = m3.answers(outcome.vectors, prep.tokens, None, options, ctx)
         data = [{"object": "pooling", "index": i, "data": item} for i, item in enumerate(items)]
-        return outputs.to_json(envelope("pool", ctx, data=data, usage=prep.usage()))
+        return outputs.to_json(outputs.envelope("pool", ctx, data=data, usage=prep.usage()))
     encoding = (body.encoding_format, body.embed_dtype, body.endianness)
     rows = kinds.of(ctx).token_items(state, outcome, ctx) if state is not None else outcome.vectors.astype("float32")
     if body.encoding_format in outputs.RAW:
-        return outputs.raw_vectors(list(rows), *encoding, envelope("pool", ctx, usage=prep.usage()))
+        return outputs.raw_vectors(list(rows), *encoding, outputs.envelope("pool", ctx, usage=prep.usage()))
     data = [{"object": "pooling", "index": i, "data": outputs.encode_vector(v, *encoding)} for i, v in enumerate(rows)]
-    return outputs.to_json(envelope("pool", ctx, data=data, usage=prep.usage()))
+    return outputs.to_json(outputs.envelope("pool", ctx, data=data, usage=prep.usage()))
 
 
 @router.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingRequest))

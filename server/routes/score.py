@@ -24,7 +24,7 @@ from server import kinds
 from server.core import inputs, outputs
 from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
-from server.core.pipeline import Prepared, answer, envelope
+from server.core.pipeline import Prepared, answer
 from server.kinds.image_text import shared_space_pairs
 from server.kinds.pairs import PairAsk, Pairs
 from server.protocols.openai import DocumentImage, DocumentText, RerankRequest, ScoreContent, ScoreRequest, openapi_body
@@ -150,7 +150,7 @@ def prepare_score(raw: bytes, ctx: RequestContext) -> Prepared[ScoreRequest, Sco
 def render_score(prep: Prepared[ScoreRequest, Scored], outcome: Outcome, ctx: RequestContext) -> bytes:
     scores, spans = prep.state.scores(outcome.vectors, ctx)
     data = [{"index": i, "object": "score", "score": float(s), **passage_of(spans, i)} for i, s in enumerate(scores)]
-    return outputs.to_json(envelope("score", ctx, data=data, usage=prep.usage()))
+    return outputs.to_json(outputs.envelope("score", ctx, data=data, usage=prep.usage()))
 
 
 def prepare_rerank(raw: bytes, ctx: RequestContext) -> Prepared[RerankRequest, Ranked]:

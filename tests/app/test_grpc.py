@@ -16,6 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from server.grpc.calls import LOOP_CHARS
 from tests.app.inprocess import InProcessServer, serving
 from tests.conftest import API_KEY
 from tests.server_process import free_port
@@ -88,6 +89,47 @@ def test_embed_stream_answers_each_message_in_order(embedder: InProcessServer, t
     expected = http(embedder, "/embed", {"inputs": TEXTS, "normalize": False})
     got = np.array([a.embeddings for a in answers], np.float32)
     np.testing.assert_allclose(got, np.array(expected, np.float32), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("chars", "on_executor"), [(LOOP_CHARS, False), (LOOP_CHARS + 1, True)])
+def test_only_a_long_texts_embed_is_prepared_on_the_executor(
+    embedder: InProcessServer, tei: Any, monkeypatch: pytest.MonkeyPatch, chars: int, on_executor: bool
+) -> None:
+    """A short text's executor hop would cost more CPU than its tokenizing: it is prepared on the loop."""
+    executor, ran = embedder.services.executor, []
+    submit = executor.submit
+
+    def recorded(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        ran.append(getattr(getattr(fn, "func", fn), "__name__", ""))
+        return submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(executor, "submit", recorded)
+    request = tei.pb.EmbedRequest(inputs=("word " * chars)[:chars], truncate=True)
+    with channel(embedder) as ch:
+        got = tei.rpc.EmbedStub(ch).Embed(request, metadata=KEY, timeout=TIMEOUT_S)
+    assert len(got.embeddings) > 0
+    assert ("at_priority" in ran) == on_executor  # pipeline.at_priority: the prepare the executor runs
+
+
+def test_without_the_result_cache_a_short_texts_embed_never_leaves_the_loop(
+    model_dir: Path, tei: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prepared and rendered on the loop (the cache, when on, renders on the executor where it
+    stores its rows): the answer is HTTP's, and the executor ran nothing for it."""
+    with serving(model_dir, grpc_port=free_port(), cache_bytes="0") as app:
+        executor, ran = app.services.executor, []
+        submit = executor.submit
+
+        def recorded(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            ran.append(getattr(getattr(fn, "func", fn), "__name__", ""))
+            return submit(fn, *args, **kwargs)
+
+        monkeypatch.setattr(executor, "submit", recorded)
+        with channel(app) as ch:
+            got = tei.rpc.EmbedStub(ch).Embed(tei.pb.EmbedRequest(inputs=TEXTS[0]), timeout=TIMEOUT_S)
+        assert {"at_priority", "_finish"}.isdisjoint(ran)
+        expected = http(app, "/embed", {"inputs": TEXTS[0]})[0]
+    np.testing.assert_array_equal(np.array(got.embeddings, np.float32), np.array(expected, np.float32))
 
 
 def test_embed_all_answers_as_http_embed_all(embedder: InProcessServer, tei: Any) -> None:
