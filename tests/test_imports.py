@@ -2,8 +2,7 @@
 layering rules statically).
 
 - the HTTP process (orchestrator, server) never imports torch (not even to find its files for the
-  prefetch) or transformers, nor, with tracing
-  off, OpenTelemetry's SDK, exporters or protobuf;
+  prefetch) or transformers, nor, with tracing off, OpenTelemetry's SDK, exporters or protobuf;
 - CUDA is touched only inside the engine, after the fork, when its placement asks;
 - an engine module loads nothing of the HTTP side: no web stack, no tokenizers, no metrics
   client, nothing under `orchestrator` or `server`.
