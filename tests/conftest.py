@@ -16,6 +16,12 @@ from tests.tiny_models import TinyFolders
 DEFAULT_SETTINGS.setdefault("cache_bytes", "0")
 
 os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"})
+# make test's two workers share two cores: an OpenMP thread that spins after each parallel region
+# (libgomp's default) takes a core from the other worker, or from its own sibling thread still
+# computing. Read by libgomp when torch first loads it, which is after this (here and in every process
+# the tests start). The policy decides what an idle thread does, never how work is split: a 2-thread
+# engine's products, and so their bits, are the same (tests/unit/test_batch_invariance.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 MODEL_DIR = ROOT / "models" / "all-MiniLM-L6-v2"
 IN_PROCESS = tuple(Path(__file__).parent / layer for layer in ("unit", "app", "real_checkpoints"))
 

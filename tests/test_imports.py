@@ -1,8 +1,8 @@
 """What each process imports, checked at run time in fresh interpreters (import-linter checks the
 layering rules statically).
 
-- the HTTP process (orchestrator, server) never imports torch or transformers, nor, with tracing
-  off, OpenTelemetry's SDK, exporters or protobuf;
+- the HTTP process (orchestrator, server) never imports torch (not even to find its files for the
+  prefetch) or transformers, nor, with tracing off, OpenTelemetry's SDK, exporters or protobuf;
 - CUDA is touched only inside the engine, after the fork, when its placement asks;
 - an engine module loads nothing of the HTTP side: no web stack, no tokenizers, no metrics
   client, nothing under `orchestrator` or `server`.
@@ -46,6 +46,13 @@ def test_the_http_process_never_imports_torch() -> None:
     )
     assert {"torch", "transformers"} & loaded == set()
     assert "fastapi" in loaded  # the check sees what was imported
+
+
+def test_finding_torchs_libraries_does_not_import_it() -> None:
+    """The orchestrator never imports torch, not even to find its files for the prefetch."""
+    loaded = loaded_packages("from orchestrator.envfiles import environment_files; environment_files(['torch'])")
+    assert "torch" not in loaded
+    assert "orchestrator" in loaded  # the check sees what was imported
 
 
 def test_the_embed_cli_loads_nothing_of_the_server_or_engine() -> None:
