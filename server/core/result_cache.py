@@ -100,13 +100,13 @@ def encode(value: Value) -> bytes:
     """A value as bytes: a small header (format version, entries), then per array its name, dtype,
     shape and raw bytes."""
     arrays = [("", value)] if isinstance(value, np.ndarray) else sorted(value.items())
-    parts = [_HEAD.pack(FORMAT_VERSION, 0 if isinstance(value, np.ndarray) else len(arrays))]
+    parts: list[bytes | memoryview] = [_HEAD.pack(FORMAT_VERSION, 0 if isinstance(value, np.ndarray) else len(arrays))]
     for name, array in arrays:
         array = np.ascontiguousarray(array)
         label, dtype = name.encode(), array.dtype.str.encode()
         parts.append(_ARRAY.pack(len(label), len(dtype), array.ndim) + label + dtype)
         parts.append(struct.pack(f"<{array.ndim}Q", *array.shape))
-        parts.append(array)  # joined from its buffer: no copy of its own to allocate and free
+        parts.append(array.data)  # joined from its buffer: no copy of its own to allocate and free
     return b"".join(parts)
 
 
