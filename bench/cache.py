@@ -8,10 +8,11 @@ the machine drifts by more than the cache costs), in requests of each `--corpus-
 (one input a request puts the per-request cost of HTTP, tokenizing and rendering, the same for a hit,
 on the 2 cores the engines share), as inputs/s and p99, the ratio on/off; then at 1 client a hit's
 latency against a miss's (distinct inputs, then the same ones again); then, on a fresh server,
-`--distinct` inputs through a cache bounded at `--bound`, the HTTP process's RSS before and after.
-Prints; never asserts.
+`--distinct` inputs through a cache bounded at `--bound`, the HTTP process's RSS growth, and the same
+on a fresh server with the cache off: the difference is the cache's own share (the rest grows without
+it). Prints; never asserts.
 Usage: .venv/bin/python -m bench.cache [--rows 2000] [--clients 32] [--corpus-per-request 1,8] [--rounds 3]
-         [--distinct 200000] [--bound 64Mi] [--per-request 128]
+         [--distinct 200000] [--bound 64Mi] [--per-request 128] [--memory-only | --no-memory]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 from bench.common import MODEL, WORDS, Connection, cpu_seconds, pct, process_tree, run, sentences
+from common.settings import cache_bound
 from tests.server_process import ServerProcess
 
 
@@ -132,22 +134,42 @@ def comparisons(servers: dict[str, ServerProcess], rows: int, clients: int, size
     )
 
 
-def memory(server: ServerProcess, distinct: int, per_request: int) -> None:
-    """The HTTP process's RSS growth over `distinct` inputs against the cache's bound + 10 %."""
+def grown(server: ServerProcess, distinct: int, per_request: int) -> tuple[float, float, int]:
+    """The HTTP process's RSS growth (MB) over `distinct` inputs, their inputs/s and the failed requests."""
     # first-call costs paid, and every executor thread's heap made, before the baseline
     run(drive_batched(server.port, short_texts(8 * per_request, seed=5), per_request, 4))
     before = rss_mb(server.proc.pid)
     started = time.perf_counter()
     failed = run(drive_batched(server.port, short_texts(distinct, seed=4), per_request, 4))
     seconds = time.perf_counter() - started
-    after = rss_mb(server.proc.pid)
-    cache = server.get("/status").json()["cache"]
-    allowed = cache["bound_bytes"] * 1.1 / 2**20
+    return rss_mb(server.proc.pid) - before, distinct / seconds, failed
+
+
+def memory(model: Path, logs: Path, bound: str, distinct: int, per_request: int) -> None:
+    """The HTTP process's RSS growth over `distinct` inputs with the cache off and on (fresh servers,
+    the same traffic): the difference is the cache's share, against its bound + 10 %."""
+    growth: dict[str, float] = {}
+    for mode, cache_bytes in (("off", "0"), ("on", bound)):
+        server = ServerProcess(model, logs / f"memory-{mode}.log", cache_bytes=cache_bytes)
+        try:
+            growth[mode], rate, failed = grown(server.wait_ready(), distinct, per_request)
+            cache = server.get("/status").json()["cache"]
+        finally:
+            server.stop()
+        print(
+            f"cache {mode:>3}: {distinct} distinct inputs in requests of {per_request} ({rate:.0f} inputs/s,"
+            f" {failed} failed requests): HTTP process RSS +{growth[mode]:.1f} MB"
+            + (
+                f"; cache {cache['bytes'] / 2**20:.1f} MiB, {cache['entries']} entries, {cache['evictions']} evictions"
+                if cache["enabled"]
+                else ""
+            )
+        )
+    allowed = cache_bound(bound, None) * 1.1 / 1e6
+    share = growth["on"] - growth["off"]
     print(
-        f"{distinct} distinct inputs in requests of {per_request} ({distinct / seconds:.0f} inputs/s, {failed} failed"
-        f" requests): HTTP process RSS {before:.0f} -> {after:.0f} MB, +{after - before:.0f} MB against the bound"
-        f" + 10 % {allowed:.0f} MB ({(after - before) / allowed:.2f}x); cache {cache['bytes'] / 2**20:.1f} MiB,"
-        f" {cache['entries']} entries, {cache['evictions']} evictions"
+        f"the cache's share (on - off): +{share:.1f} MB against the bound + 10 % {allowed:.1f} MB"
+        f" ({share / allowed:.2f}x); all growth with the cache on {growth['on'] / allowed:.2f}x"
     )
 
 
@@ -161,8 +183,17 @@ def main() -> None:
     parser.add_argument("--corpus-per-request", default="1,8", help="inputs a request in the corpus passes")
     parser.add_argument("--rounds", type=int, default=3, help="paired rounds per corpus and request size")
     parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--memory-only", action="store_true", help="the memory pass alone")
+    parser.add_argument("--no-memory", action="store_true", help="the throughput passes alone")
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="bench-cache-"))
+    if not args.memory_only:
+        throughput(args, logs)
+    if not args.no_memory:
+        memory(args.model, logs, args.bound, args.distinct, args.per_request)
+
+
+def throughput(args: argparse.Namespace, logs: Path) -> None:
     servers = {
         "off": ServerProcess(args.model, logs / "off.log", cache_bytes="0"),
         "on": ServerProcess(args.model, logs / "on.log", cache_bytes=args.bound),
@@ -175,11 +206,6 @@ def main() -> None:
     finally:
         for server in servers.values():
             server.stop()
-    fresh = ServerProcess(args.model, logs / "memory.log", cache_bytes=args.bound)
-    try:
-        memory(fresh.wait_ready(), args.distinct, args.per_request)
-    finally:
-        fresh.stop()
 
 
 if __name__ == "__main__":

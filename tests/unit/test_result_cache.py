@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,21 +29,56 @@ from server.core.shared_cache import Breaker
 BASE = Tokens([101, 2023, 102], [0, 0, 0])
 
 
+def bound_for(*entries: tuple[bytes, bytes]) -> int:
+    """The bytes an LRU holding exactly these entries counts: a bound they fill."""
+    probe = LocalLRU(bound=1 << 30)
+    for key, value in entries:
+        probe.put(key, value)
+    return probe.bytes
+
+
 def test_the_lru_stays_within_its_bytes() -> None:
-    lru = LocalLRU(bound=3 * LocalLRU.cost(b"k0", b"x" * 100))
+    lru = LocalLRU(bound=bound_for(*((f"k{i}".encode(), b"x" * 100) for i in range(3))))
     for i in range(10):
         lru.put(f"k{i}".encode(), b"x" * 100)
         assert lru.bytes <= lru.bound
-    assert len(lru) == 3 and lru.evictions == 7
+    assert 0 < len(lru) <= 3 and lru.evictions == 10 - len(lru)
 
 
 def test_the_lru_evicts_the_least_recently_used() -> None:
-    lru = LocalLRU(bound=2 * LocalLRU.cost(b"a", b"1"))
+    lru = LocalLRU(bound=bound_for((b"a", b"1"), (b"b", b"2")))
     lru.put(b"a", b"1")
     lru.put(b"b", b"2")
     assert lru.get(b"a") == b"1"  # b is now the oldest
     lru.put(b"c", b"3")
     assert lru.get(b"b") is None and lru.get(b"a") == b"1" and lru.get(b"c") == b"3"
+
+
+def test_a_value_got_is_not_changed_by_later_puts() -> None:
+    lru = LocalLRU(bound=bound_for((b"a", b"1" * 64)))
+    lru.put(b"a", b"1" * 64)
+    got = lru.get(b"a")
+    lru.put(b"b", b"2" * 64)  # evicts a, its buffer written over with b's value
+    assert got == b"1" * 64 and lru.get(b"b") == b"2" * 64
+
+
+@pytest.mark.parametrize("row", [np.ones(384, np.float32), np.ones(2, np.float32)], ids=["embedding", "logits"])
+def test_the_memory_a_full_lru_holds_is_within_its_bound(row: np.ndarray) -> None:
+    """What Python allocated for the entries (tracemalloc: keys, values, the dict's tables and nodes),
+    after many more entries than fit went through, against the bound + 10 %. (Keys made from Tokens
+    would leave their tuples on CPython's free lists, counted as held.)"""
+    bound, value = 1 << 20, encode(row)
+    puts = 3 * bound // LocalLRU.cost(b"k" * 20, value)  # three times what fits, at least
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        lru = LocalLRU(bound)
+        for i in range(puts):
+            lru.put(i.to_bytes(20, "little"), value)  # a key's length
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert lru.evictions > 0 and held <= 1.1 * bound
 
 
 def test_the_lru_keeps_no_value_larger_than_its_bound() -> None:
