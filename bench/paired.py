@@ -5,7 +5,8 @@ servers kept up at once and loaded in turn (ABBA...) see the same drift, so the 
 ratio B/A is far steadier than two separate runs. Never asserts.
 To compare code, run B from another source tree, e.g. a worktree of the base commit:
     git worktree add /tmp/base HEAD~1 && .venv/bin/python -m bench.paired --b-source /tmp/base
-Usage: .venv/bin/python -m bench.paired [--b engines=1] [--b-source DIR] [--a ""] [--rounds 5] [--seconds 5]
+Usage: .venv/bin/python -m bench.paired [--b engines=1] [--b-source DIR] [--b-env K=V,...] [--a ""] [--rounds 5]
+       [--seconds 5]
        [--clients 32]
 Tracing's cost: --b otlp_endpoint={collector} (an OTLP/HTTP receiver is started for it).
 Images: --images serves bench.images' ViT-B/32-shaped CLIP its JPEGs, one a request (use --seconds 10:
@@ -37,6 +38,9 @@ def main() -> None:
     parser.add_argument("--a", default="", help="settings of A (default: the server's defaults)")
     parser.add_argument("--b", default="", help="settings of B, e.g. engines=1")
     parser.add_argument("--b-source", type=Path, default=ROOT, help="source tree B runs from (default: this one)")
+    parser.add_argument(
+        "--b-env", default="", help="environment variables of B's processes, e.g. OMP_WAIT_POLICY=PASSIVE"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--clients", type=int, default=32)
@@ -50,13 +54,19 @@ def main() -> None:
         args.a, args.b = (text.replace("{collector}", collector.endpoint) for text in (args.a, args.b))
     configs = {"A": settings(args.a), "B": settings(args.b)}
     sources = {"A": ROOT, "B": args.b_source.resolve()}
-    if configs["A"] == configs["B"] and sources["A"] == sources["B"]:
-        parser.error("A and B are the same: give --b settings or a --b-source tree")
+    environs = {"A": {}, "B": settings(args.b_env)}
+    if configs["A"] == configs["B"] and sources["A"] == sources["B"] and not environs["B"]:
+        parser.error("A and B are the same: give --b settings, --b-env or a --b-source tree")
     with tempfile.TemporaryDirectory() as tmp:
         model = build_clip(Path(tmp) / "clip-vit-b-32", shape=VIT_B_32) if args.images else MODEL
         servers = {
             name: ServerProcess(
-                model, Path(tmp) / f"{name}.log", source=sources[name], log_level="warning", **cfg
+                model,
+                Path(tmp) / f"{name}.log",
+                source=sources[name],
+                environ=environs[name],
+                log_level="warning",
+                **cfg,
             ).wait_ready(600)
             for name, cfg in configs.items()
         }
@@ -76,7 +86,9 @@ def main() -> None:
         probe = statistics.median(r.probe_p99 for r in results[name])
         p50 = statistics.median(pct(r.latencies, 0.5) for r in results[name])
         p99 = statistics.median(pct(r.latencies, 0.99) for r in results[name])
-        where = "" if sources[name] == ROOT else f" from {sources[name]}"
+        where = ("" if sources[name] == ROOT else f" from {sources[name]}") + "".join(
+            f" {k}={v}" for k, v in environs[name].items()
+        )
         print(
             f"{name} {cfg or 'defaults'}{where}: {rate:.1f} inputs/s (mean), p50/p99 {p50:.1f}/{p99:.1f} ms, "
             f"probe p99 {probe:.1f} ms (medians)"
