@@ -55,7 +55,8 @@ class SettingFields(ServiceFields):
         None,
         pattern=BUDGET_PATTERN,
         description=(
-            "With several models, what the loaded models may hold together (their engines' PSS): bytes with a"
+            "With several models, what the loaded models may hold together (their engines' PSS; before a model"
+            " loads, an estimate from its weight files, its engines and their LoRA adapters): bytes with a"
             " `k`/`M`/`G`/`T` (powers of 1000) or `Ki`/`Mi`/`Gi`/`Ti` suffix, or a share of the memory limit "
             "(the cgroup's, else the host's) such as `80%`; unset: no bound (see \"Models on demand\")."
         ),
@@ -81,7 +82,9 @@ class SettingFields(ServiceFields):
         description=(
             "PEFT LoRA adapters of the served (default) model: `NAME=FOLDER`, comma-separated, each folder "
             "holding adapter_config.json and adapter_model.safetensors; a request names an adapter in its "
-            '`model` field as it would a model, and every engine runs them on the one base (see "LoRA adapters").'
+            "`model` field as it would a model, and every engine runs them on the one base, each engine holding "
+            "its own copy: counted once per engine in the model's `WARMPOOL_MEMORY_BUDGET` estimate (see "
+            '"LoRA adapters").'
         ),
         json_schema_extra={"default_text": "unset (none)"},
     )
@@ -100,7 +103,9 @@ class SettingFields(ServiceFields):
         description=(
             "What the LoRA adapters loaded at run time may hold in each engine: bytes with a `k`/`M`/`G`/`T` or "
             "`Ki`/`Mi`/`Gi`/`Ti` suffix; the least recently used are dropped to make room (and loaded again by "
-            "the next request naming one); unset: no bound."
+            "the next request naming one); counted once per engine in the model's `WARMPOOL_MEMORY_BUDGET` "
+            "estimate (with `WARMPOOL_ADAPTER_ROOT`); unset: no bound, and only the engines' measured memory "
+            "counts them."
         ),
         json_schema_extra={"default_text": "unset (no bound)"},
     )

@@ -6,9 +6,12 @@ Messages are `(kind, body)` tuples pickled with plain pickle:
   groups), answered ADAPTERS `(seq, {"loaded": {name: bytes}, "refused": {name: reason}})`;
 - from the engine while starting: LOADED `{detail}`, READY `{detail}`, or FAILED
   `("one-line reason", traceback or None)`; then, per group of inputs run, RESULT
-  `([key, ...], answers, batch stats dict)` or ERROR `([key, ...], "reason")`, and
-  CANCELLED `None` once it has dropped the inputs of a CANCEL; COMPILE `{detail}` whenever its
-  compiled forward's state changes (engine/compiling/compilation.py), while starting or serving.
+  `([key, ...], answers, batch stats dict)` or ERROR `([key, ...], "reason")` (the group failed), and
+  CANCELLED `None` once it has dropped the inputs of a CANCEL; NO_ADAPTER `([key, ...], name)` for a
+  group's inputs naming a LoRA adapter it does not hold (it refused it when sent the set, which another
+  engine may hold): those are not run, the rest of their group is, and answered as usual; COMPILE
+  `{detail}` whenever its compiled forward's state changes (engine/compiling/compilation.py), while
+  starting or serving.
 
 What the engine answers for an input is named by its head, `Tokens.head` (engine/heads/__init__.py
 registers them; "" is the model's default, decided once at load from its folder):
@@ -42,6 +45,7 @@ class Msg:
     RESULT = "result"
     ERROR = "error"
     CANCELLED = "cancelled"
+    NO_ADAPTER = "no_adapter"
     COMPILE = "compile"
     ADAPTERS = "adapters"
 

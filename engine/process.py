@@ -226,6 +226,9 @@ def _run_batch(
                     return True
             if not group:
                 continue
+        group = _held(conn, model, group)
+        if not group:
+            continue
         share.working()
         t0 = time.perf_counter()
         try:
@@ -249,6 +252,21 @@ def _run_batch(
             ),
         )
     return True
+
+
+def _held(conn: Connection, model: PoolingModel, group: list[Keyed]) -> list[Keyed]:
+    """The group less its inputs naming a LoRA adapter this engine does not hold (refused when it was sent
+    the set: its folder gone or unreadable since another engine loaded it): those are answered NO_ADAPTER,
+    one message per adapter, and not run; they fail their requests alone, not the group."""
+    missing: dict[str, list[int]] = {}
+    for key, tokens in group:
+        if tokens.adapter and not model.holds_adapter(tokens.adapter):
+            missing.setdefault(tokens.adapter, []).append(key)
+    if not missing:
+        return group
+    for name, keys in missing.items():
+        send(conn, (Msg.NO_ADAPTER, (keys, name)))
+    return [(key, tokens) for key, tokens in group if tokens.adapter not in missing]
 
 
 def _tokens(group: list[Keyed], packed: bool) -> int:

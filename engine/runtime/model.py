@@ -80,6 +80,10 @@ class PoolingModel:
     def no_adapters(self) -> str:
         return f"LoRA adapters are served on the native text encoders only, not on {self.info.path}"
 
+    def holds_adapter(self, name: str) -> bool:
+        """Its inputs can run here: the engine loaded the LoRA adapter `name` (and still holds it)."""
+        return self.adapters is not None and name in self.adapters.folders
+
     def sync_adapters(self, wanted: Sequence[tuple[str, Path]]) -> dict[str, Any]:
         """The adapters the HTTP process wants now (engine/layers/lora.py Adapters.sync's report)."""
         if self.adapters is None:

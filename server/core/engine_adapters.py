@@ -14,10 +14,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from common.wire import Msg
 from server.core.engine_pipe import EnginePipe
 
 AdapterFolders = tuple[tuple[str, Path], ...]
+
+log = structlog.get_logger("warmpool.engine_adapters")
+
+
+class AdapterUnavailable(Exception):
+    """The engine these inputs reached does not hold the LoRA adapter they name: it refused it when it was
+    sent the set (NO_ADAPTER), though the others took it. Not the request's fault, and not the engine's."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"adapter '{name}' is not loaded on the engine this request reached")
+        self.name = name
 
 
 @dataclass
@@ -63,6 +76,8 @@ class EngineAdapters:
 
     def answered(self, slot: int, body: tuple[int, dict[str, Any]]) -> None:
         seq, report = body
+        if report["refused"]:  # by this engine alone, if the others took it: its inputs get NO_ADAPTER
+            log.warning("adapters_refused", slot=slot, refused=report["refused"])
         with self._lock:
             self.resident = dict(report["loaded"])
             change = self._changes.get(seq)

@@ -25,7 +25,7 @@ import numpy as np
 import structlog
 
 from common.wire import Keyed, Msg, Tokens
-from server.core.engine_adapters import AdapterFolders, EngineAdapters
+from server.core.engine_adapters import AdapterFolders, AdapterUnavailable, EngineAdapters
 from server.core.engine_events import BatchStats, EngineEvents
 from server.core.engine_modes import EAGER, EngineModes
 from server.core.engine_pipe import EnginePipe
@@ -215,7 +215,10 @@ class EngineClient:
                 self._on_result(keys, vectors, stats, pipe.slot)
             elif kind == Msg.ERROR:
                 keys, message = body
-                self._on_error(keys, message, pipe.slot)
+                self._on_error(keys, lambda: EngineFailed(message), pipe.slot)
+            elif kind == Msg.NO_ADAPTER:  # those inputs alone, not run: their requests fail, the group ran
+                keys, name = body
+                self._on_error(keys, lambda: AdapterUnavailable(name), pipe.slot)
             elif kind == Msg.COMPILE:
                 self.modes.set(pipe.slot, str(body.get("mode", EAGER)))  # before any row it computes compiled
                 self._events.engine_compile(pipe.slot, body)
@@ -308,7 +311,7 @@ class EngineClient:
             return
         self._settle(req, outcome)
 
-    def _on_error(self, keys: list[int], message: str, slot: int) -> None:
+    def _on_error(self, keys: list[int], error: Callable[[], Exception], slot: int) -> None:
         with self._lock:
             failed = self._requests_of(e for k in keys if (e := self._entries.get(k)))
             self._answered(keys, slot)
@@ -316,7 +319,7 @@ class EngineClient:
                 self._entries.pop(key, None)
             self._forget(failed)
         for req in failed:
-            self._settle(req, EngineFailed(message))
+            self._settle(req, error())  # one exception per request: each await raises its own
 
     def _answered(self, keys: list[int], slot: int) -> None:
         """Engine `slot` has run these (caller holds the lock): their tokens leave its load. An input

@@ -1,6 +1,6 @@
 """A request's inputs on its model's engines: the wait for their answer, bounded by the request's
-deadline and its client (engine loss and timeouts become 503s, never a hang), and the LoRA adapter it
-names held loaded while they run."""
+deadline and its client (engine loss, timeouts and an engine without the request's adapter become 503s,
+never a hang), and the LoRA adapter it names held loaded while they run."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common.wire import Tokens
+from server.core.engine_adapters import AdapterUnavailable
 from server.core.engine_client import EngineFailed, EngineUnavailable, Outcome
 from server.core.inputs import RequestContext
 from server.core.services import ServedModel, Services
@@ -65,6 +66,14 @@ async def run_on_engine(
         raise
     except EngineUnavailable as exc:
         raise svc.unavailable(str(exc)) from None
+    except AdapterUnavailable as exc:  # that engine refused the adapter the others loaded: another may serve it
+        raise APIError(
+            503,
+            f"{exc} (model '{model.name}'): retry later",
+            param="model",
+            code="adapter_unavailable",
+            headers={"Retry-After": "1"},
+        ) from None
     except EngineFailed as exc:
         raise APIError(500, f"the engine failed on this batch: {exc}", code="engine_error") from None
     finally:

@@ -1,18 +1,23 @@
 """LoRA adapters loaded and unloaded at run time (POST /admin/adapters/{name}/load|unload): served as
 PEFT serves them once loaded, a 404 once unloaded; folders only under WARMPOOL_ADAPTER_ROOT; an adapter
 of another base refused with its reason; the least recently used dropped to keep WARMPOOL_ADAPTER_BYTES
-and loaded again by the request naming it."""
+and loaded again by the request naming it; loads and unloads while clients send requests, every answer
+right."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.app.inprocess import InProcessServer, serving
 from tests.lora_adapters import build_adapter, reference
+from tests.server_process import wait_for
 from tests.tiny_models import TinyFolders
 
 TEXTS = ["the warm pool model", "Hello world, the engine"]
@@ -151,3 +156,57 @@ def test_a_name_loaded_again_from_other_files_is_not_answered_from_the_cache(
     _, second = embed(app, "swap")
     np.testing.assert_allclose(second, reference(tiny["xlm-roberta"], root / "b", TEXTS), atol=1e-5, rtol=0)
     assert not np.allclose(first, second)
+
+
+CYCLES = 4  # loads and unloads of b, each seen answered both ways
+WAIT_S = 30.0  # any one wait here: a hang fails the test
+
+
+def test_loads_and_unloads_under_load_leave_every_answer_right(tiny: TinyFolders, root: Path) -> None:
+    """Two clients each of the base, of a loaded adapter a and of b keep sending while b is loaded and unloaded
+    over and over: every 200 is its model's reference vectors (the base's, PEFT's), every other answer b's 404
+    while it is unloaded; never a 5xx, nothing hangs (the result cache off: every request reaches the engine)."""
+    from sentence_transformers import SentenceTransformer
+
+    base = tiny["xlm-roberta"]
+    expected = {
+        "base": SentenceTransformer(str(base), device="cpu").encode(TEXTS),
+        "a": reference(base, root / "a", TEXTS),
+        "b": reference(base, root / "b", TEXTS),
+    }
+    answers: list[tuple[str, int, Any]] = []  # (model, status, vectors or error body), appended by the clients
+    stop = threading.Event()
+    settings = {"adapter_root": str(root), "cache_bytes": "0", "request_timeout": WAIT_S}
+    with serving(base, served_model_name="base", **settings) as app:
+        assert app.post("/admin/adapters/a/load", json={"path": "a"}).status_code == 200
+
+        def client(model: str) -> None:
+            while not stop.is_set():
+                answers.append((model, *embed(app, model)))
+
+        def seen() -> Counter[tuple[str, int]]:
+            return Counter((model, status) for model, status, _ in list(answers))
+
+        clients = [threading.Thread(target=client, args=(model,), daemon=True) for model in [*expected] * 2]
+        for thread in clients:
+            thread.start()
+        try:
+            for _ in range(CYCLES):
+                before = seen()
+                assert app.post("/admin/adapters/b/load", json={"path": "b"}).status_code == 200
+                wait_for(lambda before=before: seen()[("b", 200)] > before[("b", 200)], WAIT_S, "b answered")
+                before = seen()
+                assert app.post("/admin/adapters/b/unload").status_code == 200
+                wait_for(lambda before=before: seen()[("b", 404)] > before[("b", 404)], WAIT_S, "b's 404")
+        finally:
+            stop.set()
+            for thread in clients:
+                thread.join(WAIT_S)
+        assert not any(thread.is_alive() for thread in clients), "a client's request never ended"
+    for model, status, got in answers:
+        if status == 200:
+            np.testing.assert_allclose(got, expected[model], atol=1e-5, rtol=0, err_msg=model)
+        else:
+            assert (model, status, got["error"]["code"]) == ("b", 404, "model_not_found"), got
+    counts = seen()
+    assert counts[("base", 200)] and counts[("a", 200)], counts

@@ -89,6 +89,10 @@ class FakeEngine:
     def fail(self, keys: list[int], reason: str) -> None:
         self._outbox.put((Msg.ERROR, (keys, reason)))
 
+    def no_adapter(self, keys: list[int], name: str) -> None:
+        """What a real engine sends for inputs naming a LoRA adapter it does not hold."""
+        self._outbox.put((Msg.NO_ADAPTER, (keys, name)))
+
     def ack_cancel(self) -> None:
         """What a real engine sends once it has dropped the inputs of a CANCEL."""
         self._outbox.put((Msg.CANCELLED, None))

@@ -4,11 +4,19 @@ moved or failed, a hung or stalled engine worked around."""
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from common.settings import Settings
+from common.startup import StartupState
+from server.core.engine_adapters import AdapterUnavailable
 from server.core.engine_client import EngineFailed, EngineUnavailable
 from server.core.engine_events import BatchStats
+from server.core.engine_wait import run_on_engine
+from server.core.services import ServedModel, Services
+from server.core.timings import Timings
+from server.http.errors import APIError
 from tests.unit.engine_rig import Rig, result, run, tok, until
 
 
@@ -120,6 +128,46 @@ def test_engine_error_fails_the_request_with_engine_failed() -> None:
         with pytest.raises(EngineFailed, match="out of memory"):
             await result(future)
         assert rig.client.queued_inputs == 0
+
+    run(scenario)
+
+
+def test_inputs_an_engine_has_no_adapter_for_fail_their_request_alone() -> None:
+    """NO_ADAPTER for one request's inputs fails that request with AdapterUnavailable, naming the adapter;
+    the request beside it in the engine's group is answered; nothing stays queued."""
+
+    async def scenario(rig: Rig) -> None:
+        engine = rig.attach(0)
+        base, base_keys = rig.client.submit([tok(1, 3)])
+        lacking, lacking_keys = rig.client.submit([tok(2, 3)._replace(adapter="b"), tok(3, 2)._replace(adapter="b")])
+        await until(lambda: len(engine.keys) == 3, "the inputs at the engine")
+        engine.no_adapter(lacking_keys, "b")
+        engine.answer(base_keys)
+        with pytest.raises(AdapterUnavailable, match="adapter 'b'"):
+            await result(lacking)
+        assert (await result(base)).vectors.tolist() == [[1, 3, 0]]
+        assert rig.client.queued_inputs == 0
+
+    run(scenario)
+
+
+def test_an_engine_without_the_requests_adapter_is_a_503_naming_it() -> None:
+    """run_on_engine answers AdapterUnavailable with a 503 and Retry-After (a retry may reach an engine that
+    holds it), never the 500 of a failed batch."""
+
+    async def scenario(rig: Rig) -> None:
+        engine = rig.attach(0)
+        with ThreadPoolExecutor(1) as executor:
+            svc = Services(settings=Settings(), startup=StartupState(), executor=executor)
+            model = ServedModel("base", None, None, rig.client)  # type: ignore[arg-type]  (the engine alone)
+            running = asyncio.ensure_future(run_on_engine(svc, model, [tok(1, 3)._replace(adapter="b")], Timings()))
+            await until(lambda: engine.keys, "the input at the engine")
+            engine.no_adapter(engine.keys, "b")
+            with pytest.raises(APIError) as raised:
+                await asyncio.wait_for(running, 2.0)
+        error = raised.value
+        assert (error.status, error.code, error.headers) == (503, "adapter_unavailable", {"Retry-After": "1"})
+        assert "adapter 'b'" in error.message and "model 'base'" in error.message
 
     run(scenario)
 

@@ -11,6 +11,7 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["DO_NOT_TRACK"] = "1"
 
 import json
+import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,14 @@ from safetensors.torch import load_file, save_file
 
 from common.folderjson import ModelError
 from common.modelfolder import read_model_folder
-from common.wire import Tokens
+from common.wire import Msg, Tokens
 from engine.layers.packed import Packed
+from engine.process import _run_batch
+from engine.runtime.batching import Pending
 from engine.runtime.device import Placement
+from engine.runtime.inbox import Inbox
 from engine.runtime.model import PoolingModel
+from engine.runtime.threads import ThreadShare
 from server.core.outputs import normalize
 from tests.lora_adapters import build_adapter, reference
 from tests.tiny_models import TinyFolders
@@ -179,3 +184,24 @@ def test_an_input_naming_an_adapter_the_engine_does_not_serve_is_an_error(tiny: 
         torch.from_numpy(model.forward(tokens(base, ["x"]))),
         torch.from_numpy(PoolingModel(read_model_folder(base), threads=1).forward(tokens(base, ["x"]))),
     )
+
+
+def test_inputs_naming_an_adapter_the_engine_lacks_fail_alone_and_the_rest_of_their_group_runs(
+    tiny: TinyFolders, tmp_path: Path
+) -> None:
+    """An engine that refused an adapter another engine loaded: its inputs are answered NO_ADAPTER, unrun;
+    the group's other inputs (the base's, a held adapter's) get the rows the group without them gives."""
+    base = tiny["bert"]
+    model = PoolingModel(read_model_folder(base), threads=1, adapters=[("a", build_adapter(tmp_path / "a", base, 1))])
+    names = ["", "a", "gone", "a", ""]
+    plain = tokens(base, [*TEXTS[:4], "x"])  # one group
+    group = list(enumerate(t._replace(adapter=n) for t, n in zip(plain, names, strict=True)))
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    share = ThreadShare([0.0], 0, 1, 1)
+    assert _run_batch(Inbox(theirs, reader=False), model, group, 0.0, share, Pending())
+    assert ours.recv() == (Msg.NO_ADAPTER, ([2], "gone"))
+    kind, (keys, rows, _) = ours.recv()
+    assert (kind, keys) == (Msg.RESULT, [0, 1, 3, 4])
+    np.testing.assert_array_equal(rows, model.forward([t for k, t in group if k != 2]))
+    assert np.abs(rows[1] - model.forward([plain[1]])[0]).max() > 1e-2  # the held adapter's update applied
+    assert not ours.poll(0.1)
