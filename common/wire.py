@@ -100,6 +100,9 @@ class EngineSpec:
     # PEFT LoRA adapters (name, folder) of this model, loaded at the engine's start (engine/layers/lora.py);
     # those loaded at run time come as an ADAPTERS message, the first one sent when the engine attaches
     adapters: tuple[tuple[str, Path], ...] = ()
+    # an engine started after the model has served: an adapter of `adapters` it cannot read (its folder
+    # gone since) is refused, its inputs answered NO_ADAPTER, instead of failing the engine's start
+    adapters_refusable: bool = False
 
 
 def send(conn: Connection, message: tuple[str, Any]) -> None:

@@ -50,7 +50,9 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
         refuse_pickles(info, spec.allow_bin_weights)
         placement = place(spec.device, spec.dtype, weight_files(info.path))  # a Router's: its encoder's
         records = spec.compile_cache if spec.compile == "off" else None  # eager: a GEMM backend chosen
-        model = PoolingModel(info, spec.threads, placement, spec.adapters, records)
+        # a re-fork reads the adapters the way a run-time load does: one it cannot read is refused alone
+        model = PoolingModel(info, spec.threads, placement, () if spec.adapters_refusable else spec.adapters, records)
+        refused = model.sync_adapters(spec.adapters)["refused"] if spec.adapters_refusable and spec.adapters else {}
         share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
         loaded = time.monotonic()
         send(
@@ -68,6 +70,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
                     **({M3_REFUSED: model.m3_refused} if model.m3_refused else {}),
                     "heap": heap.detail,
                     **({"adapters": dict(model.adapters.bytes)} if model.adapters and model.adapters.bytes else {}),
+                    **({"adapters_refused": refused} if refused else {}),
                     **model.weights,
                     **placement.detail,
                     **memory_detail(placement),

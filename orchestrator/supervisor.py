@@ -92,6 +92,7 @@ class EngineSupervisor:
         self.budget = RestartBudget(settings.max_restarts, settings.restart_window)
         self._up: set[int] = set()
         self._up_lock = threading.Lock()  # _up and startup.engine_up change together
+        self.served = False  # an engine of this model has been ready (with every adapter it was given)
         self._forked_at = [0.0] * self.count
         # A re-forked engine gets this long to load and warm up (the first has none: a cold start
         # from a slow volume takes what it takes, and the startup probe bounds it).
@@ -122,6 +123,7 @@ class EngineSupervisor:
             compile_cache=self.settings.compile_cache,
             compile_timeout_s=self.settings.compile_timeout,
             adapters=self.settings.adapter_folders,
+            adapters_refusable=self.served,  # the set was read whole once: a re-fork serves what it can
         )
 
     @property
@@ -301,6 +303,7 @@ class EngineSupervisor:
             self.events.engine_ready(slot, conn, warmup)
             self._up.add(slot)
             self.startup.engine_up = True
+            self.served = True
         self.startup.update("engine", **self._detail())
         log.info("engine_ready", slot=slot, pid=self.pids[slot], up=len(self._up))
 
