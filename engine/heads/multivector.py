@@ -11,16 +11,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.checkpoint import renamed_around
 from engine.layers.packed import Packed
 
 
 class MultiVectorModel(nn.Module):
-    """An encoder with PyLate's token projection after it: L2-normalised [T, D] token vectors."""
+    """An encoder with PyLate's token projection after it: L2-normalised [T, D] token vectors. The
+    projection is a sentence-transformers module beside the checkpoint (PEFT adapters of the encoder
+    never name it)."""
+
+    PER_INPUT: tuple[str, ...] = ()  # no module of it runs on one row per input (engine/layers/lora_heads.py)
 
     def __init__(self, encoder: nn.Module, projection: nn.Module | None) -> None:
         super().__init__()
         self.encoder = encoder
         self.projection = projection
+        renamed_around(self, "encoder", lambda key: None)
 
     def forward(self, p: Packed) -> torch.Tensor:
         hidden = self.encoder(p)

@@ -15,7 +15,7 @@ from torch import nn
 
 from common.folderjson import ModelError
 from common.splade import Splade
-from engine.layers.checkpoint import read_checkpoint
+from engine.layers.checkpoint import read_checkpoint, renamed_around
 from engine.layers.encoder import ACTIVATIONS, legacy_norm_names, no_init
 from engine.layers.packed import Packed
 
@@ -60,16 +60,37 @@ def pool_padded(logits: torch.Tensor, mask: torch.Tensor, splade: Splade) -> tor
 
 
 class SparseModel(nn.Module):
-    """An encoder (packed batch in, hidden states [T, H] out) with the SPLADE head after it: [B, V]."""
+    """An encoder (packed batch in, hidden states [T, H] out) with the SPLADE head after it: [B, V].
+    Its head runs per token, as the encoder's layers do: a LoRA adapter's update there is added to its
+    inputs' token rows like any projection's (engine/layers/lora.py)."""
+
+    PER_INPUT: tuple[str, ...] = ()  # no module of it runs on one row per input (engine/layers/lora_heads.py)
 
     def __init__(self, encoder: nn.Module, head: MLMHead, splade: Splade) -> None:
         super().__init__()
         self.encoder = encoder
         self.head = head
         self.splade = splade
+        renamed_around(self, "encoder", _head_key)
 
     def forward(self, p: Packed) -> torch.Tensor:
         return pool_packed(activate(self.head(self.encoder(p)), self.splade), p, self.splade)
+
+
+_HEAD = "cls.predictions."  # BERT's masked-LM head in its checkpoints (BertForMaskedLM's names)
+
+
+def head_name(key: str) -> str | None:
+    """A checkpoint key of the masked-LM head as MLMHead names it; None for a key outside the head."""
+    if not key.startswith(_HEAD):
+        return None
+    name = legacy_norm_names(key.removeprefix(_HEAD).removeprefix("transform."))
+    return "decoder.bias" if name == "bias" else name
+
+
+def _head_key(key: str) -> str | None:
+    name = head_name(key)
+    return None if name is None else f"head.{name}"
 
 
 def load_head(
@@ -78,14 +99,12 @@ def load_head(
     """BERT's masked-LM head from the checkpoint (`cls.predictions.*`), its tensors taken as they
     are mapped (engine.layers.encoder.load_checkpoint); ModelError if it has none."""
     weights = read_checkpoint(folder)
-    prefix = "cls.predictions."
-    state = {
-        legacy_norm_names(k.removeprefix(prefix).removeprefix("transform.")): v
-        for k, v in weights.items()
-        if k.startswith(prefix)
-    }
-    if "bias" in state:  # the head's bias, kept beside the decoder in BERT's checkpoints
-        state["decoder.bias"] = state.pop("bias")
+    state: dict[str, torch.Tensor] = {}
+    # the head's bias, kept beside the decoder in BERT's checkpoints (and maybe as the decoder's too): it wins
+    for key in sorted(weights, key=lambda k: k == f"{_HEAD}bias"):
+        name = head_name(key)
+        if name is not None:
+            state[name] = weights[key]
     if "decoder.weight" not in state:  # tied: the word embeddings are the decoder
         state["decoder.weight"] = encoder.get_parameter("embeddings.word_embeddings.weight")
     with no_init():

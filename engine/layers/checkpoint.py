@@ -53,6 +53,20 @@ def renamed_as(model: nn.Module, rename: Callable[[str], str]) -> None:
     _RENAMES[model] = rename
 
 
+def renamed_around(wrapper: nn.Module, inner: str, own: Callable[[str], str | None]) -> None:
+    """`wrapper` runs a checkpoint's model as its module `inner`, with modules of its own after it (a head
+    the same checkpoint holds, named by `own`; None for a key not of them): every other key is named as
+    the inner model names it, under `inner.` (a PEFT adapter trained on the checkpoint's model then finds
+    its modules in the wrapper)."""
+    model = wrapper.get_submodule(inner)  # the rename holds the inner model, never the wrapper (a weak key)
+
+    def rename(key: str) -> str:
+        mine = own(key)
+        return mine if mine is not None else f"{inner}.{model_name(model, key)}"
+
+    renamed_as(wrapper, rename)
+
+
 def model_name(model: nn.Module, key: str) -> str:
     """A checkpoint's key (a task model's `bert.encoder…`, `classifier.weight`) as `model` names it."""
     rename = _RENAMES.get(model)

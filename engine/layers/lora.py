@@ -9,7 +9,9 @@ names are the native family's own (engine/layers/encoder.py mirrors BertModel's)
 family fuses (attention's q, k and v: `SelfAttention.PARTS`) takes each part's update in its slice.
 An adapter trained on a task model (a classifier or reranker: `bert.`, `roberta.` before the encoder's
 names) is read through the family's checkpoint renames; the head it trained (PEFT's modules_to_save)
-answers its own inputs (engine/layers/lora_heads.py).
+answers its own inputs (engine/layers/lora_heads.py). A model that wraps the family's encoder with a head
+(SPLADE's masked LM, ColBERT's projection: engine/heads) names the checkpoint's modules under its own
+(checkpoint.renamed_around); a head that runs per token takes LoRA as the encoder's projections do.
 What the arithmetic here cannot reproduce is refused when it is loaded, the reason naming it:
 DoRA, biases, per-module alphas, modules the family does not have (another architecture), projections
 of other sizes (another base), saved modules outside the head.
@@ -221,7 +223,7 @@ def _read(name: str, folder: Path, model: nn.Module) -> tuple[dict[str, Update],
             saved[key.removeprefix(_PREFIX)] = tensor.float()
         else:
             pairs.setdefault(match["module"], {})[match["side"]] = tensor.float()
-    on_head = sorted(module for module in pairs if lora_heads.in_head(_ours(model, module)))
+    on_head = sorted(module for module in pairs if lora_heads.in_head(model, _ours(model, module)))
     if on_head:
         raise ModelError(
             f"adapter '{name}' ({folder}) cannot be served: LoRA on the head ({', '.join(on_head)}), which runs per "

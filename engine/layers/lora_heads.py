@@ -24,7 +24,8 @@ from engine.layers.checkpoint import model_name
 from engine.precision.rows import RowBucketed
 
 # What the native families run after pooling (engine/layers/encoder.py's TanhHead; ModernBERT's head
-# and classifier): their modules see one row per input
+# and classifier): their modules see one row per input. A model whose head runs per token (SPLADE's
+# masked-LM head, ColBERT's projection) says so with its own PER_INPUT: none
 HEAD_MODULES = ("head.", "classifier.")
 
 # during a forward: (adapter name, its inputs' rows)
@@ -37,15 +38,21 @@ def read(name: str, folder: Path, model: nn.Module, saved: dict[str, torch.Tenso
     served: a module outside the head, one the model lacks, other shapes."""
     where = f"adapter '{name}' ({folder})"
     if saved and not getattr(model, "num_labels", None):
+        per_token = getattr(model, "PER_INPUT", None) == ()  # SPLADE's masked-LM head, ColBERT's projection
         raise ModelError(
             f"{where} cannot be served: it saves modules whole ({_modules(saved)}: modules_to_save) and this "
-            "model has no classifier head for them: serve it on the classifier or reranker it was trained from"
+            "model has no classifier head for them: "
+            + (
+                "its head runs per token: LoRA on the projections is served, a saved copy is not"
+                if per_token
+                else "serve it on the classifier or reranker it was trained from"
+            )
         )
     params: dict[str, dict[str, tuple[str, torch.Tensor]]] = {}  # our module -> param -> (its key, tensor)
     outside = []
     for key, tensor in saved.items():
         path, _, param = model_name(model, key).rpartition(".")
-        if not in_head(path) or not isinstance(_module(model, path), nn.Module):
+        if not in_head(model, path) or not isinstance(_module(model, path), nn.Module):
             outside.append(key)
         else:
             params.setdefault(path, {})[param] = (key, tensor)
@@ -74,9 +81,9 @@ def read(name: str, folder: Path, model: nn.Module, saved: dict[str, torch.Tenso
     return copies
 
 
-def in_head(path: str) -> bool:
-    """Whether the module at `path` is of the head (one row per input)."""
-    return f"{path}.".startswith(HEAD_MODULES)
+def in_head(model: nn.Module, path: str) -> bool:
+    """Whether the module at `path` of `model` is of the head (one row per input)."""
+    return f"{path}.".startswith(getattr(model, "PER_INPUT", HEAD_MODULES))
 
 
 def hook(copies: dict[str, nn.Module], rows: Callable[[], Rows]) -> Any:

@@ -70,9 +70,10 @@ class PoolingModel:
             except m3.Refused as exc:
                 self.m3_refused = str(exc)
         self.default_head = default_head(info)  # what an input naming no head gets (engine/heads)
-        wrapped = isinstance(self.model, clip.DualEncoder) or info.splade is not None or info.late is not None
-        # None: a model whose encoder lies under other module names, where no adapter can be served
-        self.adapters = None if not info.native or wrapped else lora.load(adapters, self.model, device, dtype)
+        # None where no adapter can be served: through transformers, and CLIP/SigLIP's two towers (a SPLADE or
+        # ColBERT model names its encoder's modules as the checkpoint does: engine/layers/checkpoint.py)
+        served = info.native and not isinstance(self.model, clip.DualEncoder)
+        self.adapters = lora.load(adapters, self.model, device, dtype) if served else None
         if adapters and self.adapters is None:
             raise ModelError(self.no_adapters)
 
