@@ -10,14 +10,15 @@ from typing import Any
 BERT_TARGETS = ("query", "key", "value", "attention.output.dense", "intermediate.dense", "output.dense")
 
 
-def _with_lora(base: Path, seed: int, config: dict[str, Any]) -> tuple[Any, Any]:
-    """The base's SentenceTransformer with a fresh LoRA adapter on its encoder: random A and B (PEFT
-    starts B at zero, which would make the update vanish)."""
+def _with_lora(base: Path, seed: int, config: dict[str, Any], encoder: str) -> tuple[Any, Any]:
+    """The base's sentence-transformers model (`encoder`: SentenceTransformer, SparseEncoder,
+    MultiVectorEncoder) with a fresh LoRA adapter on its transformers model (a SPLADE's: the masked LM,
+    its head included): random A and B (PEFT starts B at zero, which would make the update vanish)."""
+    import sentence_transformers
     import torch
     from peft import LoraConfig, get_peft_model
-    from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(base), device="cpu")
+    model = getattr(sentence_transformers, encoder)(str(base), device="cpu")
     transformer = model[0]
     peft_model = get_peft_model(transformer.auto_model, LoraConfig(**{"target_modules": list(BERT_TARGETS), **config}))
     generator = torch.Generator().manual_seed(seed)
@@ -29,21 +30,40 @@ def _with_lora(base: Path, seed: int, config: dict[str, Any]) -> tuple[Any, Any]
     return model, peft_model
 
 
-def build_adapter(dest: Path, base: Path, seed: int, **config: Any) -> Path:
-    """A PEFT folder (adapter_config.json, adapter_model.safetensors) of a LoRA adapter on `base`."""
-    _, peft_model = _with_lora(base, seed, {"r": 4, "lora_alpha": 8, **config})
+def build_adapter(dest: Path, base: Path, seed: int, encoder: str = "SentenceTransformer", **config: Any) -> Path:
+    """A PEFT folder (adapter_config.json, adapter_model.safetensors) of a LoRA adapter on `base`, a folder
+    sentence-transformers' `encoder` class loads."""
+    _, peft_model = _with_lora(base, seed, {"r": 4, "lora_alpha": 8, **config}, encoder)
     peft_model.save_pretrained(str(dest))
     return dest
 
 
+def with_adapter(base: Path, adapter: Path | None, encoder: str = "SentenceTransformer") -> Any:
+    """sentence-transformers' `encoder` of `base` with the adapter loaded by PEFT onto its transformers model."""
+    import sentence_transformers
+    from peft import PeftModel
+
+    model = getattr(sentence_transformers, encoder)(str(base), device="cpu")
+    if adapter is not None:
+        model[0].model = PeftModel.from_pretrained(model[0].model, str(adapter)).eval()
+    return model
+
+
 def reference(base: Path, adapter: Path, texts: list[str]) -> Any:
     """sentence-transformers' vectors of `texts` with the adapter loaded by PEFT onto `base`."""
-    from peft import PeftModel
-    from sentence_transformers import SentenceTransformer
+    return with_adapter(base, adapter).encode(texts)
 
-    model = SentenceTransformer(str(base), device="cpu")
-    model[0].model = PeftModel.from_pretrained(model[0].model, str(adapter)).eval()
-    return model.encode(texts)
+
+def sparse_reference(base: Path, adapter: Path | None, texts: list[str]) -> Any:
+    """SparseEncoder's [texts, vocabulary] weights with the adapter on its masked LM, as dense numpy."""
+    return with_adapter(base, adapter, "SparseEncoder").encode(texts, convert_to_tensor=True).to_dense().numpy()
+
+
+def multi_vector_reference(base: Path, adapter: Path | None, texts: list[str], role: str) -> list[Any]:
+    """MultiVectorEncoder's token vectors of queries or documents (`role`) with the adapter on its encoder."""
+    model = with_adapter(base, adapter, "MultiVectorEncoder")
+    encode = model.encode_query if role == "query" else model.encode_document
+    return list(encode(texts, convert_to_numpy=True))
 
 
 # PEFT's task type -> the transformers class it is trained on
