@@ -43,7 +43,7 @@ def read(name: str, folder: Path, model: nn.Module, saved: dict[str, torch.Tenso
             f"{where} cannot be served: it saves modules whole ({_modules(saved)}: modules_to_save) and this "
             "model has no classifier head for them: "
             + (
-                "its head runs per token: LoRA on the projections is served, a saved copy is not"
+                "its head runs per token and stays the base's (LoRA on a masked-LM head's projections is served)"
                 if per_token
                 else "serve it on the classifier or reranker it was trained from"
             )
