@@ -23,7 +23,7 @@ from common.late_interaction import LateInteraction
 from common.wire import Tokens
 from server.tokenizing.class_pipeline import load_as_built
 from server.tokenizing.instances import Instances, holding
-from server.tokenizing.siglip_tokenizer import SPIECE, is_siglip, siglip_tokenizer
+from server.tokenizing.siglip_tokenizer import SPIECE, EosOnce, is_siglip, siglip_tokenizer, without
 
 # The most a TEI token span takes less the text it covers: {"id":..,"text":"","special":false,
 # "start":..,"stop":..}, with 7-digit offsets, or a special token's text and nulls.
@@ -64,7 +64,7 @@ class TokenizerPool:
     def __init__(
         self, folder: Path, pair_template: PairTemplate | None = None, late: LateInteraction | None = None
     ) -> None:
-        prototype = _load(folder)
+        prototype, self._eos_once = _load(folder)
         prototype.no_padding()
         prototype.no_truncation()
         self.folder = folder
@@ -127,8 +127,8 @@ class TokenizerPool:
         try:
             if len(inputs) == 1 and _chars(inputs[0]) <= SHORT_TEXT_CHARS:
                 text, pair = inputs[0] if isinstance(inputs[0], tuple) else (inputs[0], None)
-                return [_tokens(tok.encode(text, pair, add_special_tokens=True))]
-            return [_tokens(e) for e in tok.encode_batch_fast(list(inputs), add_special_tokens=True)]
+                return [self._tokens(tok.encode(text, pair, add_special_tokens=True))]
+            return [self._tokens(e) for e in tok.encode_batch_fast(list(inputs), add_special_tokens=True)]
         finally:
             if truncate is not None:
                 tok.no_truncation()
@@ -150,7 +150,7 @@ class TokenizerPool:
         if truncate is not None:
             tok.enable_truncation(max_length=truncate, direction=direction)
         try:
-            return [_tokens(tok.post_process(parts[a], parts[b], add_special_tokens=True)) for a, b in pairs]
+            return [self._tokens(tok.post_process(parts[a], parts[b], add_special_tokens=True)) for a, b in pairs]
         finally:
             if truncate is not None:
                 tok.no_truncation()
@@ -219,7 +219,7 @@ class TokenizerPool:
             encoding = tok.post_process(raw, None, add_special_tokens=True)
         finally:
             tok.no_truncation()
-        return [_tokens(encoding), *(_tokens(o) for o in encoding.overflowing)]
+        return [self._tokens(e) for e in (encoding, *encoding.overflowing)]
 
     @holding
     def encode_windows_with_offsets(
@@ -234,14 +234,7 @@ class TokenizerPool:
         finally:
             tok.no_truncation()
         return [
-            (
-                _tokens(e),
-                [
-                    None if special else start
-                    for (start, _), special in zip(e.offsets, e.special_tokens_mask, strict=True)
-                ],
-            )
-            for e in (encoding, *encoding.overflowing)
+            (self._tokens(e), without(_starts(e), self._extra_eos(e, e.ids))) for e in (encoding, *encoding.overflowing)
         ]
 
     def encode(self, text: str, pair: str | None = None, truncate: int | None = None) -> Tokens:
@@ -251,8 +244,11 @@ class TokenizerPool:
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         tok = self.get()
         if len(text) <= SHORT_TEXT_CHARS:
-            return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
-        return list(tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids)
+            encoding = tok.encode(text, add_special_tokens=add_special_tokens)
+        else:
+            encoding = tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
+        ids: list[int] = encoding.ids
+        return without(ids, self._extra_eos(encoding, ids)) if add_special_tokens else ids
 
     @holding
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -271,14 +267,31 @@ class TokenizerPool:
         raises TooManyTokens, and `budget` is given the answer's size in bytes (it raises to
         refuse it), before any token's answer is built: what a text may cost in Python objects is
         what the model would take of it."""
-        encodings: list[Encoding] = []
+        encodings: list[tuple[Encoding, list[int]]] = []
         for run in runs(texts):  # a text too long ends it before the texts after it are tokenized
             for encoding in self.get().encode_batch(run, add_special_tokens=add_special_tokens):  # with offsets
-                if len(encoding.ids) > max_tokens:
-                    raise TooManyTokens(len(encodings), len(encoding.ids))
-                encodings.append(encoding)
-        budget(sum(SPAN_BYTES * len(e.ids) + len(t.encode()) for t, e in zip(texts, encodings, strict=True)), "inputs")
-        return [_spans(text, e) for text, e in zip(texts, encodings, strict=True)]
+                ids = encoding.ids
+                extra = self._extra_eos(encoding, ids) if add_special_tokens else []
+                if len(ids) - len(extra) > max_tokens:
+                    raise TooManyTokens(len(encodings), len(ids) - len(extra))
+                encodings.append((encoding, extra))
+        budget(
+            sum(SPAN_BYTES * len(e.ids) + len(t.encode()) for t, (e, _) in zip(texts, encodings, strict=True)), "inputs"
+        )
+        return [without(_spans(text, e), extra) for text, (e, extra) in zip(texts, encodings, strict=True)]
+
+    def _tokens(self, encoding: Encoding) -> Tokens:
+        """An encoding with special tokens as the engine takes it (type ids only where some are not 0)."""
+        ids, type_ids = encoding.ids, encoding.type_ids
+        extra = self._extra_eos(encoding, ids)
+        if extra:
+            ids, type_ids = without(ids, extra), without(type_ids, extra)
+        return Tokens(ids, type_ids if any(type_ids) else None)
+
+    def _extra_eos(self, encoding: Encoding, ids: list[int]) -> list[int]:
+        """The positions of the eos tokens the post-processor added that the tokenizer's class does
+        not add (SigLIP's, after a literal eos: EosOnce); none for every other tokenizer."""
+        return [] if self._eos_once is None else self._eos_once.positions(encoding, ids)
 
 
 def runs(texts: list[str]) -> Iterator[list[str]]:
@@ -306,9 +319,10 @@ def _pieces(text: str) -> Iterator[str]:
         start = end
 
 
-def _load(folder: Path) -> Tokenizer:
+def _load(folder: Path) -> tuple[Tokenizer, EosOnce | None]:
     """The folder's tokenizer.json as its tokenizer class builds it (class_pipeline); a SigLIP folder's
-    sentencepiece model (spiece.model), which SiglipTokenizer reads even beside a tokenizer.json."""
+    sentencepiece model (spiece.model), which SiglipTokenizer reads even beside a tokenizer.json, with
+    its eos rule."""
     path = folder / "tokenizer.json"
     if (folder / SPIECE).is_file() and (not path.is_file() or is_siglip(folder)):
         if not is_siglip(folder):
@@ -319,7 +333,7 @@ def _load(folder: Path) -> Tokenizer:
         return siglip_tokenizer(folder)
     if not path.is_file():
         raise ModelError(f"no tokenizer in {folder}: it needs tokenizer.json (or, for a SigLIP model, {SPIECE})")
-    return load_as_built(folder, path)
+    return load_as_built(folder, path), None
 
 
 class TooManyTokens(ValueError):
@@ -358,6 +372,14 @@ def _chars(item: TextOrPair) -> int:
     return len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
 
 
+def _starts(encoding: Encoding) -> list[int | None]:
+    """Each token's start offset in the text; None for special tokens."""
+    return [
+        None if special else start
+        for (start, _), special in zip(encoding.offsets, encoding.special_tokens_mask, strict=True)
+    ]
+
+
 def _spans(text: str, encoding: Encoding) -> list[dict[str, Any]]:
     spans = []
     for token_id, token, special, (start, stop) in zip(
@@ -368,8 +390,3 @@ def _spans(text: str, encoding: Encoding) -> list[dict[str, Any]]:
         else:
             spans.append({"id": token_id, "text": text[start:stop], "special": False, "start": start, "stop": stop})
     return spans
-
-
-def _tokens(encoding: Encoding) -> Tokens:
-    type_ids = encoding.type_ids
-    return Tokens(list(encoding.ids), list(type_ids) if any(type_ids) else None)
