@@ -4,18 +4,21 @@ a `tokenizers` Tokenizer that encodes exactly as transformers' SiglipTokenizer d
 SiglipTokenizer (slow, sentencepiece) puts "▁" before the text (any "▁" in it made a space), splits
 it on its special tokens ("</s>", "<unk>": matched as written, whitespace beside them stripped), then
 canonicalises each part as big_vision does: lower-cased (do_lower_case), ASCII punctuation removed,
-runs of whitespace made one space, stripped at both ends. sentencepiece then encodes "<unk>" + that
-part, and the pieces of "<unk>" are dropped: only the text's first part starts with "▁" (the one it
-put there), and one that followed a space there starts with two. Here the normalizer does it to each
-part: the canonicalisation, then what sentencepiece's normalizer does to what follows "<unk>" (its
-compiled rules, extra spaces removed, spaces escaped, no prefix of its own), and the pre-tokenizer
-gives the "▁" prefix to the text's first part only (Metaspace's "first" scheme: the one part that
-starts where the text starts). The eos token is appended to every text, except (TokenizerPool, with
-eos_once) after a part that ends with a literal one; SigLIP's processor pads to the full length
-(server/core/inputs.py).
+runs of whitespace made one space, the end stripped (and the start, but for the first part's "▁").
+sentencepiece then encodes "<unk>" + that part, and the pieces of "<unk>" are dropped: only the
+text's first part starts with "▁". Here the normalizer does it to each part: the canonicalisation,
+then what sentencepiece's normalizer does after "<unk>" (its compiled rules, runs of spaces made one,
+the trailing ones stripped), with a prefix that the pre-tokenizer keeps as the "▁" of the text's first
+part only (Metaspace's "first" scheme: the part that starts where the text starts) and drops from
+the others. A text that spells out no special token is one part: Spelled.plain, the same without
+that pre-tokenizer, encodes it in less time. The eos token is appended to every text, except
+(TokenizerPool, with Spelled) after a part that ends with a literal one; SigLIP's processor pads to
+the full length (server/core/inputs.py).
 
 Not reproduced: characters this Python's Unicode database does not know yet, which the tokenizers
-library's newer one may lower-case.
+library's newer one may lower-case; and a character the rules rewrite (①, ﬁ, full-width forms)
+followed by a combining mark, which the tokenizers library's Precompiled rewrites as one grapheme,
+the mark dropped (sentencepiece keeps the mark).
 """
 
 from __future__ import annotations
@@ -66,10 +69,10 @@ def is_siglip(folder: Path) -> bool:
     return read_json(folder / "config.json").get("model_type") == "siglip"
 
 
-def siglip_tokenizer(folder: Path) -> tuple[Tokenizer, EosOnce]:
-    """The tokenizer of a folder with spiece.model, and its eos rule; ModelError where the model
-    cannot be read or is not one this encodes exactly (sentencepiece's Unigram, whitespace escaped
-    and its runs removed, no user-defined pieces)."""
+def siglip_tokenizer(folder: Path) -> tuple[Tokenizer, Spelled]:
+    """The tokenizer of a folder with spiece.model, and what texts spelling out special tokens need
+    besides (Spelled); ModelError where the model cannot be read or is not one this encodes exactly
+    (sentencepiece's Unigram, whitespace escaped and its runs removed, no user-defined pieces)."""
     path = folder / SPIECE
     try:
         spm = read_spm(path)
@@ -88,11 +91,13 @@ def siglip_tokenizer(folder: Path) -> tuple[Tokenizer, EosOnce]:
     rules = [normalizers.Precompiled(spm.precompiled_charsmap)] if spm.precompiled_charsmap else []
     spaced = bool(rules) and rules[0].normalize_str(PREFIX) == " "  # nmt_nfkc's: "▁" a space, "\x01" gone
     prefix = PREFIX if spaced else SPACE
-    # Each part becomes "▁" + a second "▁" where SiglipTokenizer's first part gets one, + its text as
-    # sentencepiece normalises what follows "<unk>"; where the rules make the "▁" a space, one that
-    # begins that text stands in for it (sentencepiece merges them), and gets a second: "  ̈" for "¨"
+    # Each part: a prefix + its text as sentencepiece normalises it after "<unk>". The prefix is "▁"
+    # (holding the part's first offset); "▁▁" where the rules keep "▁" and the part began with a space
+    # (sentencepiece then starts SiglipTokenizer's first part with two); a space where the rules put
+    # one first ("¨" is " ̈"), which sentencepiece merges with the "▁". The pre-tokenizer keeps the
+    # prefix at the start of the text's first part and drops it from the others.
     steps = [
-        *canonicalize(bool(settings.get("do_lower_case", True)), prefix),
+        *canonicalize(bool(settings.get("do_lower_case", True)), prefix)[:-1],  # its end: stripped below
         normalizers.Replace(Regex(f"(?<=\\A{prefix}) "), "" if spaced else SPACE),  # the part's leading space
         *rules,
     ]
@@ -126,16 +131,38 @@ def siglip_tokenizer(folder: Path) -> tuple[Tokenizer, EosOnce]:
     tokenizer.decoder = decoders.Sequence(
         [decoders.Replace(SPACE, " "), *fallback, decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
-    return tokenizer, EosOnce(ids[eos])
+    plain = Tokenizer.from_str(tokenizer.to_str())
+    plain.pre_tokenizer = None
+    plain.normalizer = normalizers.Sequence(
+        [
+            *canonicalize(bool(settings.get("do_lower_case", True)), prefix),
+            *rules,
+            normalizers.Replace(Regex(" {2,}"), " "),
+            normalizers.Replace(" ", SPACE),
+            normalizers.Replace(Regex(f"{SPACE}+\\z"), ""),  # sentencepiece strips the trailing spaces: "▁" too
+        ]
+    )
+    return tokenizer, Spelled(plain, tuple(token.content for token in special), ids[eos])
 
 
 @dataclass(frozen=True)
-class EosOnce:
-    """SiglipTokenizer appends its eos to a part (the text, or each text of a pair) only where the
-    part, once cut to length, does not end with one already; the Tokenizer's template appends it
-    always. positions(): those of the eos tokens the template appended right after a literal one."""
+class Spelled:
+    """What a SigLIP tokenizer needs besides itself for texts that spell out its special tokens.
 
+    A text that spells out none is one part: `plain` (the same tokenizer, its normalizer giving the
+    text its "▁", no pre-tokenizer to tell parts apart) gives the same ids, in less time (most texts).
+    SiglipTokenizer appends its eos to a part (the text, or each text of a pair) only where the part,
+    once cut to length, does not end with one already; the template appends it always: positions()
+    are those of the eos tokens it appended right after a literal one."""
+
+    plain: Tokenizer
+    spellings: tuple[str, ...]
     eos: int
+
+    def spells(self, text: str) -> bool:
+        """Whether `text` spells out a special token (texts joined by NUL: one found across two has a
+        NUL in its spelling, and such a false alarm costs time only)."""
+        return any(spelling in text for spelling in self.spellings)
 
     def positions(self, encoding: Encoding, ids: list[int]) -> list[int]:
         """In `encoding` (with special tokens; `ids` its ids), the eos tokens to take out."""
@@ -146,7 +173,7 @@ class EosOnce:
 
 
 def without(values: list[T], positions: list[int]) -> list[T]:
-    """`values` less those at `positions` (EosOnce's)."""
+    """`values` less those at `positions` (Spelled's)."""
     if not positions:
         return values
     dropped = set(positions)
