@@ -107,12 +107,13 @@ SPM_CORPUS = (
     "ΟΔΟΣ σας Σίσυφος οδός. Привет мир, как дела? 東京 タワー 日本語 中文字.",
     "Numbers 12345 and 3.14, e-mail someone@example.com (parens) [brackets] {braces} #tag 50% off.",
     "“Quotes” and ‘single’ ones… ellipsis — dash – and the ends of lines.",  # noqa: RUF001
+    "Tags <b>bold</b> and a -> b, x < y > z.",  # "<", "/" and ">" in the vocabulary, as in google/siglip-*'s
 )
 
 
 def train_spm(**options: Any) -> bytes:
-    """A sentencepiece model trained on SPM_CORPUS with nmt_nfkc normalisation (deterministic: the same
-    pieces every time)."""
+    """A sentencepiece model trained on SPM_CORPUS, with nmt_nfkc normalisation unless `options` name
+    another (deterministic: the same pieces every time)."""
     import sentencepiece as spm
 
     model = io.BytesIO()
@@ -121,10 +122,9 @@ def train_spm(**options: Any) -> bytes:
         model_writer=model,
         vocab_size=160,
         hard_vocab_limit=False,
-        normalization_rule_name="nmt_nfkc",
         num_threads=1,
         minloglevel=2,
-        **options,
+        **{"normalization_rule_name": "nmt_nfkc", **options},
     )
     return model.getvalue()
 

@@ -1,7 +1,8 @@
 """Instances — a folder's tokenizers, shared by threads: each call sets its own truncation on the tokenizer
 it uses, so a thread holds one for the call; at most one per CPU this process may run on exist (made as
 needed, kept for reuse). An XLM-R tokenizer of 250,002 pieces is ~290 MB: one per executor thread held
-1.2 GB for tokenizing no faster than one per core."""
+1.2 GB for tokenizing no faster than one per core. A slot may hold variants of the tokenizer beside it
+(SigLIP's plain one), taken and given back with it."""
 
 from __future__ import annotations
 
@@ -18,11 +19,14 @@ from tokenizers import Tokenizer
 Method = TypeVar("Method", bound=Callable[..., Any])
 
 
+Slot = tuple[Tokenizer, ...]  # the tokenizer, then its variants
+
+
 class Instances:
-    def __init__(self, serialized: str) -> None:
-        self._json = serialized
-        self._local = threading.local()  # .tok: the tokenizer this thread holds now, if any
-        self._idle: queue.SimpleQueue[Tokenizer] = queue.SimpleQueue()
+    def __init__(self, serialized: str, *variants: str) -> None:
+        self._json = (serialized, *variants)
+        self._local = threading.local()  # .tok: the slot this thread holds now, if any
+        self._idle: queue.SimpleQueue[Slot] = queue.SimpleQueue()
         self._limit = max(1, len(os.sched_getaffinity(0)))
         self.made = 0
         self._making = threading.Lock()
@@ -31,25 +35,25 @@ class Instances:
     def held(self) -> Iterator[Tokenizer]:
         """A tokenizer for this thread until the block ends (the one it holds already, if it does): an
         idle one, a new one while fewer than the limit exist, else the next one given back."""
-        mine: Tokenizer | None = getattr(self._local, "tok", None)
+        mine: Slot | None = getattr(self._local, "tok", None)
         if mine is not None:
-            yield mine
+            yield mine[0]
             return
-        tok = self._take()
-        self._local.tok = tok
+        slot = self._take()
+        self._local.tok = slot
         try:
-            yield tok
+            yield slot[0]
         finally:
             self._local.tok = None
-            self._idle.put(tok)
+            self._idle.put(slot)
 
-    def get(self) -> Tokenizer:
-        """The tokenizer this thread holds."""
-        tok: Tokenizer | None = getattr(self._local, "tok", None)
-        assert tok is not None, "a tokenizer used outside held()"
-        return tok
+    def get(self, variant: int = 0) -> Tokenizer:
+        """The tokenizer this thread holds (0), or one of its variants."""
+        slot: Slot | None = getattr(self._local, "tok", None)
+        assert slot is not None, "a tokenizer used outside held()"
+        return slot[variant]
 
-    def _take(self) -> Tokenizer:
+    def _take(self) -> Slot:
         with contextlib.suppress(queue.Empty):
             return self._idle.get_nowait()
         with self._making:
@@ -58,7 +62,7 @@ class Instances:
         if not make:
             return self._idle.get()  # held for one call's tokenizing: no deadline of its own needed
         try:
-            return Tokenizer.from_str(self._json)
+            return tuple(Tokenizer.from_str(serialized) for serialized in self._json)
         except BaseException:
             with self._making:
                 self.made -= 1

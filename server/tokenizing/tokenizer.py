@@ -23,7 +23,7 @@ from common.late_interaction import LateInteraction
 from common.wire import Tokens
 from server.tokenizing.class_pipeline import load_as_built
 from server.tokenizing.instances import Instances, holding
-from server.tokenizing.siglip_tokenizer import SPIECE, is_siglip, siglip_tokenizer
+from server.tokenizing.siglip_tokenizer import SPIECE, Spelled, is_siglip, siglip_tokenizer, without
 
 # The most a TEI token span takes less the text it covers: {"id":..,"text":"","special":false,
 # "start":..,"stop":..}, with 7-digit offsets, or a special token's text and nulls.
@@ -64,12 +64,17 @@ class TokenizerPool:
     def __init__(
         self, folder: Path, pair_template: PairTemplate | None = None, late: LateInteraction | None = None
     ) -> None:
-        prototype = _load(folder)
+        prototype, self._spelled = _load(folder)
         prototype.no_padding()
         prototype.no_truncation()
         self.folder = folder
         self._json = prototype.to_str()
-        self.instances = Instances(self._json)
+        variants = []  # SigLIP's plain tokenizer, for texts that spell out no special token
+        if self._spelled is not None:
+            self._spelled.plain.no_padding()
+            self._spelled.plain.no_truncation()
+            variants.append(self._spelled.plain.to_str())
+        self.instances = Instances(self._json, *variants)
         self.vocab_size = prototype.get_vocab_size(with_added_tokens=True)
         processor = prototype.post_processor
         self.special_tokens = processor.num_special_tokens_to_add(False) if processor else 0
@@ -110,8 +115,11 @@ class TokenizerPool:
     def made(self) -> int:
         return self.instances.made
 
-    def get(self) -> Tokenizer:
-        """The tokenizer this thread holds (within held(), or a method of the pool)."""
+    def get(self, text: str = "") -> Tokenizer:
+        """The tokenizer this thread holds (within held(), or a method of the pool); for SigLIP, its
+        plain variant where `text` (the call's texts, joined by NUL) spells out no special token."""
+        if self._spelled is not None and not self._spelled.spells(text):
+            return self.instances.get(1)
         return self.instances.get()
 
     @holding
@@ -121,14 +129,14 @@ class TokenizerPool:
         """Texts or (text, text) pairs with special tokens, each cut to `truncate` tokens if given
         (the special tokens kept, as sentence-transformers' tokenizer call does), from the end or,
         with `direction="left"`, from the start."""
-        tok = self.get()
+        tok = self.get(_joined(inputs) if self._spelled is not None else "")
         if truncate is not None:
             tok.enable_truncation(max_length=truncate, direction=direction)
         try:
             if len(inputs) == 1 and _chars(inputs[0]) <= SHORT_TEXT_CHARS:
                 text, pair = inputs[0] if isinstance(inputs[0], tuple) else (inputs[0], None)
-                return [_tokens(tok.encode(text, pair, add_special_tokens=True))]
-            return [_tokens(e) for e in tok.encode_batch_fast(list(inputs), add_special_tokens=True)]
+                return [self._tokens(tok.encode(text, pair, add_special_tokens=True))]
+            return [self._tokens(e) for e in tok.encode_batch_fast(list(inputs), add_special_tokens=True)]
         finally:
             if truncate is not None:
                 tok.no_truncation()
@@ -142,15 +150,15 @@ class TokenizerPool:
         special tokens and cut to `truncate` exactly as encoding the pair whole would."""
         if self.pair_template is not None:
             return self._prompts(self.pair_template, pairs, truncate, direction)
-        tok = self.get()
         if not self._joins_pairs:  # no post-processor: only the whole-pair call sets the type ids
             return self.encode_batch(list(pairs), truncate, direction)
         texts = list(dict.fromkeys(text for pair in pairs for text in pair))
+        tok = self.get("\0".join(texts) if self._spelled is not None else "")
         parts = dict(zip(texts, tok.encode_batch_fast(texts, add_special_tokens=False), strict=True))
         if truncate is not None:
             tok.enable_truncation(max_length=truncate, direction=direction)
         try:
-            return [_tokens(tok.post_process(parts[a], parts[b], add_special_tokens=True)) for a, b in pairs]
+            return [self._tokens(tok.post_process(parts[a], parts[b], add_special_tokens=True)) for a, b in pairs]
         finally:
             if truncate is not None:
                 tok.no_truncation()
@@ -169,12 +177,12 @@ class TokenizerPool:
     def encode_raw(self, text: str) -> Encoding:
         """A text's tokens without special tokens, truncation or Python lists (window_count() and
         windows() take it from here): what a long text costs before any bound is its Rust encoding."""
-        return self.get().encode_batch_fast([text], add_special_tokens=False)[0]
+        return self.get(text).encode_batch_fast([text], add_special_tokens=False)[0]
 
     @holding
     def offsets(self, text: str) -> list[tuple[int, int]]:
         """Each of a text's tokens' character span (special tokens aside): where passages are cut."""
-        return self.get().encode_batch([text], add_special_tokens=False)[0].offsets  # type: ignore[no-any-return]
+        return self.get(text).encode_batch([text], add_special_tokens=False)[0].offsets  # type: ignore[no-any-return]
 
     def pair_overhead(self, query: str) -> int:
         """The tokens a cross-encoder's pair takes beside its document: the query and the special
@@ -193,7 +201,7 @@ class TokenizerPool:
         it has: a boundary changes the tokens of the words about it only."""
         if len(text) <= SURE_FROM_CHARS:
             return False
-        tok, counted = self.get(), 0
+        tok, counted = self.get(text), 0
         for piece in _pieces(text):
             counted += max(0, len(tok.encode_batch_fast([piece], add_special_tokens=False)[0]) - PIECE_SLACK)
             if counted > tokens:
@@ -219,7 +227,7 @@ class TokenizerPool:
             encoding = tok.post_process(raw, None, add_special_tokens=True)
         finally:
             tok.no_truncation()
-        return [_tokens(encoding), *(_tokens(o) for o in encoding.overflowing)]
+        return [self._tokens(e) for e in (encoding, *encoding.overflowing)]
 
     @holding
     def encode_windows_with_offsets(
@@ -227,21 +235,14 @@ class TokenizerPool:
     ) -> list[tuple[Tokens, list[int | None]]]:
         """windows() of one text, each window with its tokens' start offsets in the text
         (None for special tokens)."""
-        tok = self.get()
+        tok = self.get(text)
         tok.enable_truncation(max_length=max_tokens, stride=overlap, direction="right")
         try:
             (encoding,) = tok.encode_batch([text], add_special_tokens=True)  # with offsets, off the GIL
         finally:
             tok.no_truncation()
         return [
-            (
-                _tokens(e),
-                [
-                    None if special else start
-                    for (start, _), special in zip(e.offsets, e.special_tokens_mask, strict=True)
-                ],
-            )
-            for e in (encoding, *encoding.overflowing)
+            (self._tokens(e), without(_starts(e), self._extra_eos(e, e.ids))) for e in (encoding, *encoding.overflowing)
         ]
 
     def encode(self, text: str, pair: str | None = None, truncate: int | None = None) -> Tokens:
@@ -249,10 +250,13 @@ class TokenizerPool:
 
     @holding
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        tok = self.get()
+        tok = self.get(text)
         if len(text) <= SHORT_TEXT_CHARS:
-            return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
-        return list(tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids)
+            encoding = tok.encode(text, add_special_tokens=add_special_tokens)
+        else:
+            encoding = tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
+        ids: list[int] = encoding.ids
+        return without(ids, self._extra_eos(encoding, ids)) if add_special_tokens else ids
 
     @holding
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -271,14 +275,32 @@ class TokenizerPool:
         raises TooManyTokens, and `budget` is given the answer's size in bytes (it raises to
         refuse it), before any token's answer is built: what a text may cost in Python objects is
         what the model would take of it."""
-        encodings: list[Encoding] = []
+        encodings: list[tuple[Encoding, list[int]]] = []
         for run in runs(texts):  # a text too long ends it before the texts after it are tokenized
-            for encoding in self.get().encode_batch(run, add_special_tokens=add_special_tokens):  # with offsets
-                if len(encoding.ids) > max_tokens:
-                    raise TooManyTokens(len(encodings), len(encoding.ids))
-                encodings.append(encoding)
-        budget(sum(SPAN_BYTES * len(e.ids) + len(t.encode()) for t, e in zip(texts, encodings, strict=True)), "inputs")
-        return [_spans(text, e) for text, e in zip(texts, encodings, strict=True)]
+            tok = self.get("\0".join(run) if self._spelled is not None else "")
+            for encoding in tok.encode_batch(run, add_special_tokens=add_special_tokens):  # with offsets
+                ids = encoding.ids
+                extra = self._extra_eos(encoding, ids) if add_special_tokens else []
+                if len(ids) - len(extra) > max_tokens:
+                    raise TooManyTokens(len(encodings), len(ids) - len(extra))
+                encodings.append((encoding, extra))
+        budget(
+            sum(SPAN_BYTES * len(e.ids) + len(t.encode()) for t, (e, _) in zip(texts, encodings, strict=True)), "inputs"
+        )
+        return [without(_spans(text, e), extra) for text, (e, extra) in zip(texts, encodings, strict=True)]
+
+    def _tokens(self, encoding: Encoding) -> Tokens:
+        """An encoding with special tokens as the engine takes it (type ids only where some are not 0)."""
+        ids, type_ids = encoding.ids, encoding.type_ids
+        if self._spelled is not None and ids.count(self._spelled.eos) > 1:  # SigLIP's, a literal eos in it
+            extra = self._spelled.positions(encoding, ids)
+            ids, type_ids = without(ids, extra), without(type_ids, extra)
+        return Tokens(ids, type_ids if any(type_ids) else None)
+
+    def _extra_eos(self, encoding: Encoding, ids: list[int]) -> list[int]:
+        """The positions of the eos tokens the post-processor added that the tokenizer's class does
+        not add (SigLIP's, after a literal eos: Spelled); none for every other tokenizer."""
+        return [] if self._spelled is None else self._spelled.positions(encoding, ids)
 
 
 def runs(texts: list[str]) -> Iterator[list[str]]:
@@ -306,9 +328,10 @@ def _pieces(text: str) -> Iterator[str]:
         start = end
 
 
-def _load(folder: Path) -> Tokenizer:
+def _load(folder: Path) -> tuple[Tokenizer, Spelled | None]:
     """The folder's tokenizer.json as its tokenizer class builds it (class_pipeline); a SigLIP folder's
-    sentencepiece model (spiece.model), which SiglipTokenizer reads even beside a tokenizer.json."""
+    sentencepiece model (spiece.model), which SiglipTokenizer reads even beside a tokenizer.json, with
+    what its texts that spell out special tokens need besides."""
     path = folder / "tokenizer.json"
     if (folder / SPIECE).is_file() and (not path.is_file() or is_siglip(folder)):
         if not is_siglip(folder):
@@ -319,7 +342,7 @@ def _load(folder: Path) -> Tokenizer:
         return siglip_tokenizer(folder)
     if not path.is_file():
         raise ModelError(f"no tokenizer in {folder}: it needs tokenizer.json (or, for a SigLIP model, {SPIECE})")
-    return load_as_built(folder, path)
+    return load_as_built(folder, path), None
 
 
 class TooManyTokens(ValueError):
@@ -354,8 +377,21 @@ def _markers(tok: Tokenizer, folder: Path, late: LateInteraction) -> Markers:
     )
 
 
+def _joined(inputs: Sequence[TextOrPair]) -> str:
+    """The texts of `inputs`, joined by NUL (what Spelled looks for special tokens in)."""
+    return "\0".join(item if isinstance(item, str) else "\0".join(item) for item in inputs)
+
+
 def _chars(item: TextOrPair) -> int:
     return len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
+
+
+def _starts(encoding: Encoding) -> list[int | None]:
+    """Each token's start offset in the text; None for special tokens."""
+    return [
+        None if special else start
+        for (start, _), special in zip(encoding.offsets, encoding.special_tokens_mask, strict=True)
+    ]
 
 
 def _spans(text: str, encoding: Encoding) -> list[dict[str, Any]]:
@@ -368,8 +404,3 @@ def _spans(text: str, encoding: Encoding) -> list[dict[str, Any]]:
         else:
             spans.append({"id": token_id, "text": text[start:stop], "special": False, "start": start, "stop": stop})
     return spans
-
-
-def _tokens(encoding: Encoding) -> Tokens:
-    type_ids = encoding.type_ids
-    return Tokens(list(encoding.ids), list(type_ids) if any(type_ids) else None)

@@ -15,7 +15,7 @@ import shutil
 import sys
 import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from tokenizers import Tokenizer, normalizers
@@ -24,7 +24,7 @@ from common.folderjson import ModelError
 from server.tokenizing.siglip_tokenizer import canonicalize
 from server.tokenizing.spm_model import read_spm
 from server.tokenizing.tokenizer import TokenizerPool
-from tests.tiny_vision import build_siglip, siglip_spm_tokenizer
+from tests.tiny_vision import build_siglip, siglip_spm_tokenizer, train_spm
 
 TEXTS = [
     "A photo of a cat.",
@@ -49,6 +49,18 @@ TEXTS = [
     "a",
     "A",
 ]
+# Texts spelling out special tokens: SiglipTokenizer splits them out, encodes what follows one without
+# the leading "▁" and adds no </s> after a final one
+SPECIAL_TEXTS = [
+    "</s>",
+    "<unk>",
+    "the </s> pool",
+    "a cat </s>",
+    "</s> a cat",
+    "  </s>! ¨warm, \u0301pool",
+    "warm!<unk><unk> pool </s></s>",
+    "\t </s>\x1c  Warm \u00a0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +83,7 @@ def test_folder_has_no_tokenizer_json(folder: Path) -> None:
     assert json.loads((folder / "tokenizer_config.json").read_text())["tokenizer_class"] == "SiglipTokenizer"
 
 
-@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("text", TEXTS + SPECIAL_TEXTS)
 def test_ids_equal_siglip_tokenizers(folder: Path, reference: Any, text: str) -> None:
     """Each text's ids (canonicalised, sentencepiece-encoded, eos appended) equal SiglipTokenizer's,
     a lone text and the same text in a batch alike."""
@@ -81,14 +93,29 @@ def test_ids_equal_siglip_tokenizers(folder: Path, reference: Any, text: str) ->
     assert [t.input_ids for t in pool.encode_batch([text, "a"])] == [want, reference("a")["input_ids"]]
 
 
+@pytest.mark.parametrize("rules", ["nfkc", "identity"])
+def test_other_normalization_rules_have_the_reference_ids(tmp_path: Path, rules: str) -> None:
+    """A sentencepiece model with other normalization rules than nmt_nfkc's (which keep "▁" as it is,
+    or none at all) is tokenized as SiglipTokenizer does, spelled-out special tokens included."""
+    from transformers import SiglipTokenizer
+
+    model = train_spm(model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, normalization_rule_name=rules)
+    (tmp_path / "spiece.model").write_bytes(model)
+    reference = SiglipTokenizer(vocab_file=str(tmp_path / "spiece.model"))
+    reference.save_pretrained(tmp_path)
+    texts = [*TEXTS, *SPECIAL_TEXTS]
+    assert [t.input_ids for t in TokenizerPool(tmp_path).encode_batch(texts)] == reference(texts)["input_ids"]
+
+
 @pytest.mark.parametrize("lower", [True, False])
 def test_canonical_text_equals_siglip_tokenizers_for_every_character(reference: Any, lower: bool) -> None:
-    """The normalizer's canonical text equals SiglipTokenizer.canonicalize_text of "▁" + the text for
-    every code point this Python's Unicode database assigns (lower-casing, punctuation, whitespace;
-    one text, the characters separated by NUL). Code points it leaves unassigned are left out: the
-    tokenizers library's newer Unicode lower-cases some of them, which this Python cannot."""
+    """The normalizer's canonical text equals SiglipTokenizer.canonicalize_text of "▁" + the text (its
+    "▁" made spaces) for every code point this Python's Unicode database assigns (lower-casing,
+    punctuation, whitespace; one text, the characters separated by NUL, whitespace at both ends).
+    Code points it leaves unassigned are left out: the tokenizers library's newer Unicode lower-cases
+    some of them, which this Python cannot."""
     chars = [chr(c) for c in range(1, sys.maxunicode + 1) if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
-    text = "\0".join(chars)
+    text = " \t" + "\0".join(chars) + "\u3000 "
     reference.do_lower_case = lower
     try:
         want = reference.canonicalize_text("▁" + text.replace("▁", " "))
@@ -99,11 +126,36 @@ def test_canonical_text_equals_siglip_tokenizers_for_every_character(reference: 
     assert got == want, f"differs at {first}: {got[first - 20 : first + 20]!r} != {want[first - 20 : first + 20]!r}"
 
 
-def test_cut_texts_keep_their_eos(folder: Path, reference: Any) -> None:
-    """A text cut to n tokens keeps its eos last, as SiglipTokenizer(truncation=True, max_length=n) does."""
-    texts = ["A photo of a cat, a dog and two birds!", "Hello world: the engine encodes text quickly"]
-    got = [t.input_ids for t in TokenizerPool(folder).encode_batch(texts, truncate=8)]
-    assert got == reference(texts, truncation=True, max_length=8)["input_ids"]
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_cut_texts_keep_their_eos(folder: Path, reference: Any, direction: Literal["right", "left"]) -> None:
+    """A text cut to n tokens keeps its eos last, as SiglipTokenizer(truncation=True, max_length=n)
+    does, from either end; one whose cut ends at a literal </s> gets no second one, as there."""
+    texts = [
+        "A photo of a cat, a dog and two birds!",
+        "Hello world: the engine encodes text quickly",
+        "a cat</s> and a dog and two birds",  # the cut from the end ends at the </s>
+        "A photo of a cat, a dog and two birds </s>",  # so does the one from the start
+        "</s></s> a cat",
+    ]
+    got = [t.input_ids for t in TokenizerPool(folder).encode_batch(texts, truncate=8, direction=direction)]
+    reference.truncation_side = direction
+    try:
+        want = reference(texts, truncation=True, max_length=8)["input_ids"]
+    finally:
+        reference.truncation_side = "right"
+    assert got == want
+
+
+@pytest.mark.parametrize("special", [True, False])
+def test_tokenize_and_spans_have_the_reference_ids(folder: Path, reference: Any, special: bool) -> None:
+    """/tokenize's ids and TEI's token spans, with special tokens or without, are SiglipTokenizer's
+    for texts spelling out its special tokens: no </s> appended after a literal one."""
+    pool = TokenizerPool(folder)
+    texts = ["a cat </s>", "</s>", "<unk> a cat", "a </s> cat </s> ", "a cat"]
+    want = [reference(text, add_special_tokens=special)["input_ids"] for text in texts]
+    assert [pool.tokenize(text, special) for text in texts] == want
+    spans = pool.spans(texts, special, 100, lambda size, what: None)
+    assert [[span["id"] for span in text] for text in spans] == want
 
 
 def test_decoded_ids_equal_siglip_tokenizers(folder: Path, reference: Any) -> None:
@@ -156,6 +208,17 @@ def test_a_folder_with_neither_file_is_a_model_error(tmp_path: Path) -> None:
     """No tokenizer.json and no spiece.model: a ModelError naming both."""
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ModelError, match=r"no tokenizer in .*tokenizer\.json.*spiece\.model"):
+        TokenizerPool(tmp_path)
+
+
+def test_spiece_model_keeping_extra_whitespace_is_a_model_error(tmp_path: Path, folder: Path) -> None:
+    """A sentencepiece model that keeps runs of whitespace (remove_extra_whitespaces off) is refused
+    by name: the parts after special tokens are told apart by how sentencepiece merges spaces."""
+    (tmp_path / "spiece.model").write_bytes(
+        train_spm(model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, remove_extra_whitespaces=False)
+    )
+    shutil.copy(folder / "tokenizer_config.json", tmp_path / "tokenizer_config.json")
+    with pytest.raises(ModelError, match="remove extra whitespace"):
         TokenizerPool(tmp_path)
 
 

@@ -42,6 +42,29 @@ ODD = [
     " the<mask> ",
     "<|im_start|>user\nhello<|im_end|>",
 ]
+# Where a special token's spelling stands in a text ({} is the token): first, last, alone, twice,
+# beside whitespace and punctuation (which some tokenizers remove after splitting the token out)
+SPECIAL_PLACES = [
+    "{}warm pool",
+    "{} Warm pool",
+    "warm pool{}",
+    "warm pool {}",
+    "warm pool {}  ",
+    "{}{}",
+    "{} {}",
+    "warm {}{} pool",
+    "warm{}pool{}",
+    "{}! warm, pool.",
+    "{} !warm",
+    "warm, {}. pool",
+    "warm!{}",
+    "\t{}\n",
+    "  {}\u00a0warm",
+    "{}\x1c warm",
+    "{} \u00a8warm \u00b4pool",  # spacing accents: NFKC makes them a space and a mark
+    "warm{}\u0301pool",
+    "\u2581{}\u2581warm\u2581",
+]
 
 
 def corpus() -> list[str]:
@@ -52,11 +75,12 @@ def corpus() -> list[str]:
         texts += [f"{space}warm pool", f"warm pool{space}", f"warm{space}pool", f"{space}warm{space * 2}pool{space}"]
     for special in SPECIALS:
         texts += [special, f"the {special} pool", f"the{special}pool", f" {special} "]
+        texts += [place.replace("{}", special) for place in SPECIAL_PLACES]
     return texts
 
 
 def pairs() -> list[tuple[str, str]]:
-    texts = ["warm pool", "Hello world\n", " the  engine ", "", "日本語", "the <mask> model", "a" * 120, "\t"]
+    texts = ["warm pool", "Hello world\n", " the  engine ", "", "日本語", "the <mask> model", "a" * 120, "\t", "a </s>"]
     return list(itertools.permutations(texts, 2))
 
 
@@ -117,12 +141,6 @@ FAMILIES.update(
 )
 
 
-# Known differences, left out: SiglipTokenizer (sentencepiece, in Python) adds no </s> after a text
-# ending in one, and encodes the text after a special token without the leading "▁"; the server's
-# SigLIP tokenizer adds both.
-LEFT_OUT: dict[str, Callable[[str], bool]] = {"siglip-spm": lambda text: "</s>" in text or "<unk>" in text}
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     from transformers import AutoTokenizer
@@ -140,7 +158,7 @@ def _differences(family: str, cases: list[tuple[Any, list[int], list[int]]]) -> 
 
 def test_texts_have_the_reference_ids(family: Any) -> None:
     name, pool, reference = family
-    texts = [text for text in corpus() if not LEFT_OUT.get(name, lambda _: False)(text)]
+    texts = corpus()
     ours = [tokens.input_ids for tokens in pool.encode_batch(texts)]
     theirs = [reference(text)["input_ids"] for text in texts]
     assert ours == theirs, _differences(name, list(zip(texts, ours, theirs, strict=True)))
