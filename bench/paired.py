@@ -7,8 +7,10 @@ To compare code, run B from another source tree, e.g. a worktree of the base com
     git worktree add /tmp/base HEAD~1 && .venv/bin/python -m bench.paired --b-source /tmp/base
 Usage: .venv/bin/python -m bench.paired [--b engines=1] [--b-source DIR] [--b-env K=V,...] [--a ""] [--rounds 5]
        [--seconds 5]
-       [--clients 32]
+       [--clients 32] [--busy 0] [--model-dir DIR]
 Tracing's cost: --b otlp_endpoint={collector} (an OTLP/HTTP receiver is started for it).
+A neighbour: --busy N runs N busy processes (a Python loop each, niceness 0) through every round, as
+a sidecar or the HTTP process's own work would take cores. --model-dir serves another folder.
 Images: --images serves bench.images' ViT-B/32-shaped CLIP its JPEGs, one a request (use --seconds 10:
 a 32-client round trip takes over a second).
 """
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -45,6 +49,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--images", action="store_true", help="bench.images' model and images instead of texts")
+    parser.add_argument("--busy", type=int, default=0, help="busy processes beside the servers in every round")
+    parser.add_argument("--model-dir", type=Path, default=MODEL, help=f"the model folder (default {MODEL})")
     args = parser.parse_args()
     texts = data_urls(photos(8)) if args.images else sentences(2000)
     body = image_requests(texts) if args.images else None
@@ -58,7 +64,7 @@ def main() -> None:
     if configs["A"] == configs["B"] and sources["A"] == sources["B"] and not environs["B"]:
         parser.error("A and B are the same: give --b settings, --b-env or a --b-source tree")
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_clip(Path(tmp) / "clip-vit-b-32", shape=VIT_B_32) if args.images else MODEL
+        model = build_clip(Path(tmp) / "clip-vit-b-32", shape=VIT_B_32) if args.images else args.model_dir
         servers = {
             name: ServerProcess(
                 model,
@@ -71,6 +77,7 @@ def main() -> None:
             for name, cfg in configs.items()
         }
         results: dict[str, list[Window]] = {"A": [], "B": []}
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
         try:
             for server in servers.values():
                 server.wait_engines()
@@ -79,6 +86,9 @@ def main() -> None:
                     port = servers[name].port
                     results[name].append(run(load(port, args.clients, args.seconds, texts, body=body)))
         finally:
+            for process in busy:
+                process.kill()
+                process.wait()
             for server in servers.values():
                 server.stop()
     for name, cfg in configs.items():

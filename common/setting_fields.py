@@ -288,7 +288,8 @@ class SettingFields(ServiceFields):
         default_factory=lambda: usable_cpus(),  # looked up when built: tests replace it
         ge=1,
         description=(
-            "torch threads of an engine working alone (every other engine idle for 0.2 s or more); engines "
+            "torch threads of an engine working alone (every other engine idle for 0.2 s or more, and its last "
+            "forward on them not slowed by a core another process took); engines "
             "busy together take `ENGINE_THREADS / ENGINES` each. Default: the CPUs in the process's affinity "
             "set, capped by a cgroup CPU quota (a pod's `limits.cpu`, rounded down), not the host's count."
         ),

@@ -81,6 +81,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
         waited, loaded = time.monotonic() - loaded, time.monotonic()
         share.working()
         warmup = model.warm_up()
+        share.ran()
         overhead = warmup.overhead_tokens
         warmup_s = time.monotonic() - loaded
         compilation, compile_detail = _compile(conn, model, spec)
@@ -237,8 +238,10 @@ def _run_batch(
         try:
             vectors = answer(model, [tokens for _, tokens in group])  # each input's head's answer
         except Exception as exc:  # a bad batch fails its requests, not the engine
+            share.ran()
             send(conn, (Msg.ERROR, ([key for key, _ in group], f"{type(exc).__name__}: {exc}")))
             continue
+        share.ran()
         send(
             conn,
             (

@@ -12,6 +12,18 @@ every core in such a gap still held them when the other began its next group, th
 cores, and GNU OpenMP's team then waits at each operator's barrier for a thread the kernel has
 parked: that group ran several times slower. bfloat16 at 32 clients (bench.paired): p99 544 ms with
 the instant rule, 99 ms with one thread each always, at 1.17x the inputs/s.
+
+Every core only while they are free. A team of threads waits at each operator's barrier for its
+slowest thread, and an engine runs niced: when anything else takes a core (the HTTP process
+tokenizing, a neighbour in the container) the parked thread holds the team for a scheduler slice per
+operator. On 2 cores of an AMD EPYC Zen 3 beside one busy process, one short input through
+multilingual-e5-small took 20-30 ms on one thread and 300-850 ms on two, and all-MiniLM-L6-v2 at
+one client served 2 inputs/s (bench.paired --busy 1) — while on a quiet machine two threads answer
+one input sooner. So an engine alone still takes every core, and checks afterwards what it got: a
+forward whose threads got less than CONTENDED_SHARE of their cores' time (CPU time against wall
+time), with the recent ones', found a core taken, and the engine keeps to its share for a back-off
+that doubles while the cores stay taken (SOLO_BACKOFF_S up to SOLO_BACKOFF_MAX_S) and ends with the
+first forward that gets them.
 """
 
 from __future__ import annotations
@@ -24,6 +36,16 @@ import torch
 # An engine takes every core only when every other one has been idle at least this long: longer
 # than the gap between two groups under load (a group is tens of ms), short beside a client's pause.
 SOLO_AFTER_S = 0.2
+# A forward on every core whose threads got less than this share of those cores' time found one
+# taken, when the recent forwards' average is below it too (or this one is below CLEARLY_CONTENDED):
+# a quiet short forward dips to ~0.73 now and then (its Python between operators, the team asleep),
+# one beside a busy process sits at ~0.72 and goes down to ~0.52 (all-MiniLM-L6-v2, 2 cores).
+CONTENDED_SHARE = 0.8
+CLEARLY_CONTENDED = 0.6
+SHARE_WEIGHT = 0.3  # of each forward's share in the average
+SOLO_BACKOFF_S = 0.5  # the first back-off after a contended forward; doubled up to the max while it lasts
+SOLO_BACKOFF_MAX_S = 8.0
+MEASURED_FROM_S = 0.002  # forwards shorter than this tell nothing (clock and scheduling granularity)
 BUSY = -1.0  # a slot's value while its engine works; otherwise the monotonic time it went idle (0: never busy)
 
 
@@ -37,6 +59,10 @@ class ThreadShare:
         self.shared = shared
         self.solo = solo
         self.current = torch.get_num_threads()
+        self.backoff = 0.0  # seconds; 0: every core is tried whenever the engine is alone
+        self.share = 1.0  # recent forwards on every core: the share of those cores' time they got (average)
+        self.solo_from = 0.0  # monotonic time before which the engine keeps to its share
+        self._started: tuple[float, float] | None = None  # a forward on every core: wall and CPU clocks
 
     def working(self) -> None:
         """Called before each forward pass: re-read who else is busy."""
@@ -44,10 +70,28 @@ class ThreadShare:
         now = time.monotonic()
         others = [when for i, when in enumerate(self.busy) if i != self.slot]
         alone = all(when != BUSY and now - when >= SOLO_AFTER_S for when in others)
-        wanted = self.solo if alone else self.shared
+        wanted = self.solo if alone and now >= self.solo_from else self.shared
         if wanted != self.current:
             torch.set_num_threads(wanted)
             self.current = wanted
+        self._started = (time.perf_counter(), time.process_time()) if wanted > self.shared else None
+
+    def ran(self) -> None:
+        """Called after each forward pass: one on every core whose threads did not get them backs off."""
+        if self._started is None:
+            return
+        wall = time.perf_counter() - self._started[0]
+        cpu = time.process_time() - self._started[1]
+        self._started = None
+        if wall < MEASURED_FROM_S:
+            return
+        share = cpu / (wall * self.current)
+        self.share += SHARE_WEIGHT * (share - self.share)
+        if share < CONTENDED_SHARE and (share < CLEARLY_CONTENDED or self.share < CONTENDED_SHARE):
+            self.backoff = min(max(2 * self.backoff, SOLO_BACKOFF_S), SOLO_BACKOFF_MAX_S)
+            self.solo_from = time.monotonic() + self.backoff
+        else:
+            self.backoff = 0.0
 
     def idle(self) -> None:
         if self.busy[self.slot] == BUSY:

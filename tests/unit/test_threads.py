@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch
 
-from engine.runtime.threads import BUSY, SOLO_AFTER_S, ThreadShare
+from engine.runtime import threads as threads_module
+from engine.runtime.threads import BUSY, SOLO_AFTER_S, SOLO_BACKOFF_S, ThreadShare
 
 
 def test_working_alone_takes_the_solo_threads_and_beside_another_the_shared() -> None:
@@ -40,6 +42,78 @@ def test_an_engine_idle_for_less_than_the_solo_wait_still_counts_as_working() ->
         busy[0] = time.monotonic() - SOLO_AFTER_S
         share.working()
         assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _forward(share: ThreadShare, monkeypatch: pytest.MonkeyPatch, wall: float, cpu: float) -> None:
+    """working(), a forward that took `wall` seconds and `cpu` seconds of the process's CPU, ran()."""
+    clocks = {"perf_counter": 100.0, "process_time": 50.0}
+    monkeypatch.setattr(threads_module.time, "perf_counter", lambda: clocks["perf_counter"])
+    monkeypatch.setattr(threads_module.time, "process_time", lambda: clocks["process_time"])
+    share.working()
+    clocks["perf_counter"] += wall
+    clocks["process_time"] += cpu
+    share.ran()
+    monkeypatch.undo()
+
+
+def test_a_forward_on_every_core_that_did_not_get_them_keeps_the_engine_to_its_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two threads that got one core's time between them (a core taken): the next forwards run on the
+    shared count for the back-off, which doubles while the cores stay taken."""
+    threads = torch.get_num_threads()
+    try:
+        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+        _forward(share, monkeypatch, wall=0.1, cpu=0.1)
+        assert share.backoff == SOLO_BACKOFF_S and share.solo_from > time.monotonic()
+        share.working()
+        assert torch.get_num_threads() == 1
+        share.solo_from = 0.0  # the back-off over
+        _forward(share, monkeypatch, wall=0.1, cpu=0.1)
+        assert share.backoff == 2 * SOLO_BACKOFF_S
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_one_dip_among_quiet_forwards_does_not_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward a little under the share (a short one's gaps) after quiet ones: no back-off; the same
+    share forward after forward brings the average down and backs off."""
+    threads = torch.get_num_threads()
+    try:
+        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+        _forward(share, monkeypatch, wall=0.1, cpu=0.14)
+        assert share.backoff == 0.0
+        for _ in range(5):
+            _forward(share, monkeypatch, wall=0.1, cpu=0.14)
+            share.solo_from = 0.0  # each judged alone, as if its back-off were over
+        assert share.backoff > 0.0
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_forward_that_got_every_core_ends_the_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads busy the whole forward: the engine goes on taking every core when alone."""
+    threads = torch.get_num_threads()
+    try:
+        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+        share.backoff = 4.0
+        _forward(share, monkeypatch, wall=0.1, cpu=0.19)
+        assert share.backoff == 0.0 and share.solo_from <= time.monotonic()
+        share.working()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_forward_on_the_shared_count_is_not_judged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside a busy engine a forward runs on its share: however little CPU it got, no back-off."""
+    threads = torch.get_num_threads()
+    try:
+        share = ThreadShare([BUSY, 0.0], slot=1, shared=1, solo=2)
+        _forward(share, monkeypatch, wall=0.1, cpu=0.0)
+        assert share.backoff == 0.0
     finally:
         torch.set_num_threads(threads)
 
