@@ -2,13 +2,15 @@
 
 1. One server with a keys file of three tenants. Two quiet tenants send paced 1-input requests;
    in the `noisy` condition a third tenant sends at 5x its `requests_per_second` (most of it refused
-   with 429 at the request's head). Conditions alternate round by round, so drift hits them alike.
-   Prints the quiet tenants' p50/p99 in each condition and the ratio to the condition without it.
+   with 429 at the request's head), in the `at its quota` condition at exactly its quota (the work
+   the quota admits, nothing refused). Conditions rotate round by round, so drift hits them alike.
+   Prints the quiet tenants' p50/p99 in each condition and the ratio to the condition without it:
+   noisy against at-its-quota is what the traffic over the quota costs the others.
 2. A paired micro-bench of the key check in process (TenantGuard on an app that answers nothing):
    a tenant with quotas admitted, the same tenant refused (429), against the single
    WARMPOOL_API_KEY (no quota) measured in the same run. Target: the quota check within 20 us a request.
 Never asserts.
-Usage: .venv/bin/python -m bench.tenants [--rounds 2] [--seconds 8] [--quiet-rate 20] [--noisy-quota 10]
+Usage: .venv/bin/python -m bench.tenants [--rounds 3] [--seconds 8] [--quiet-rate 20] [--noisy-quota 10]
 """
 
 from __future__ import annotations
@@ -54,15 +56,22 @@ async def paced(
     return out
 
 
-async def phase(port: int, args: argparse.Namespace, noisy: bool, texts: list[str]) -> tuple[list[float], int, int]:
-    """(quiet tenants' latencies of their 200s, noisy's 200s, noisy's 429s)."""
+async def phase(
+    port: int, args: argparse.Namespace, connections: int, texts: list[str]
+) -> tuple[list[float], int, int]:
+    """(quiet tenants' latencies of their 200s, the third tenant's 200s, its 429s), the third tenant
+    sending on `connections` connections at its quota each (0: not at all)."""
     quiet = [paced(port, key, args.quiet_rate, args.seconds, texts, i * 97) for i, key in enumerate(QUIET.values())]
-    # five connections at its quota each: 5x its rate whatever the latency (one connection waits for its answers)
-    loud = [paced(port, NOISY_KEY, args.noisy_quota, args.seconds, texts, 7 + i) for i in range(5)] if noisy else []
-    results = await asyncio.gather(*quiet, *loud)
+    # each connection at its quota: five send 5x its rate whatever the latency (one waits for its answers)
+    third = [paced(port, NOISY_KEY, args.noisy_quota, args.seconds, texts, 7 + i) for i in range(connections)]
+    results = await asyncio.gather(*quiet, *third)
     latencies = [ms for r in results[: len(quiet)] for status, ms in r if status == 200]
-    noisy_statuses = [status for r in results[len(quiet) :] for status, _ in r]
-    return latencies, noisy_statuses.count(200), noisy_statuses.count(429)
+    statuses = [status for r in results[len(quiet) :] for status, _ in r]
+    return latencies, statuses.count(200), statuses.count(429)
+
+
+# conditions: the third tenant's connections at its quota each
+CONDITIONS = {"without the third tenant": 0, "with it at its quota": 1, "with the noisy tenant (5x)": 5}
 
 
 def micro(n: int, rounds: int) -> dict[str, float]:
@@ -113,35 +122,40 @@ def _closed(path: str, method: str) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--quiet-rate", type=float, default=20, help="requests a second per quiet tenant")
     parser.add_argument("--noisy-quota", type=float, default=10, help="the noisy tenant's requests_per_second")
     parser.add_argument("--micro-requests", type=int, default=200_000)
     args = parser.parse_args()
     texts = sentences(500)
-    results: dict[bool, tuple[list[float], int, int]] = {False: ([], 0, 0), True: ([], 0, 0)}
+    results: dict[str, tuple[list[float], int, int]] = {name: ([], 0, 0) for name in CONDITIONS}
     with tempfile.TemporaryDirectory() as tmp:
         keys = keys_file(Path(tmp) / "keys.json", args.noisy_quota)
         server = ServerProcess(MODEL, Path(tmp) / "server.log", log_level="warning", api_keys_file=keys).wait_ready()
         try:
             server.wait_engines()
             run(paced(server.port, QUIET["quiet-a"], 20, 1.0, texts, 0))  # warm: first requests' costs unmeasured
+            names = list(CONDITIONS)
             for round_ in range(args.rounds):
-                for noisy in (False, True) if round_ % 2 == 0 else (True, False):
-                    lat, ok, refused = run(phase(server.port, args, noisy, texts))
-                    before = results[noisy]
-                    results[noisy] = (before[0] + lat, before[1] + ok, before[2] + refused)
+                for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+                    lat, ok, refused = run(phase(server.port, args, CONDITIONS[name], texts))
+                    before = results[name]
+                    results[name] = (before[0] + lat, before[1] + ok, before[2] + refused)
         finally:
             server.stop()
-    base_p50, base_p99 = pct(results[False][0], 0.5), pct(results[False][0], 0.99)
-    for noisy, (lat, ok, refused) in results.items():
+    alone = results[names[0]][0]
+    base_p50, base_p99 = pct(alone, 0.5), pct(alone, 0.99)
+    for name, (lat, ok, refused) in results.items():
         p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
-        extra = f"; noisy tenant: {ok} served, {refused} refused (429)" if noisy else ""
+        extra = f"; third tenant: {ok} served, {refused} refused (429)" if CONDITIONS[name] else ""
         print(
-            f"{'with' if noisy else 'without'} the noisy tenant: quiet p50 {p50:.1f} ms ({p50 / base_p50:.2f}x), "
+            f"{name}: quiet p50 {p50:.1f} ms ({p50 / base_p50:.2f}x), "
             f"p99 {p99:.1f} ms ({p99 / base_p99:.2f}x), {len(lat)} requests{extra}"
         )
+    polite, noisy = (results[name][0] for name in names[1:])
+    p50, p99 = pct(noisy, 0.5) / pct(polite, 0.5), pct(noisy, 0.99) / pct(polite, 0.99)
+    print(f"noisy against at its quota: quiet p50 {p50:.2f}x, p99 {p99:.2f}x")
     micro_us = micro(args.micro_requests, 2 * args.rounds)
     baseline = micro_us["single key, no quota (baseline)"]
     for name, us in micro_us.items():
