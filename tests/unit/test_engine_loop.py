@@ -81,8 +81,16 @@ class FakeModel:
 
 
 class FakeShare:
+    """Counts what the batch loop tells the engine's thread share."""
+
+    def __init__(self) -> None:
+        self.forwards = 0
+
     def working(self) -> None:
         pass
+
+    def ran(self) -> None:
+        self.forwards += 1
 
 
 def test_more_urgent_work_stops_a_batch_between_groups(reader: bool) -> None:
@@ -108,6 +116,16 @@ def test_work_of_the_same_priority_waits_for_the_batch(reader: bool) -> None:
     assert _run_batch(received(theirs, reader), FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
     assert [ours.recv()[1][0] for _ in range(3)] == [[0], [1], [2]]
     assert [key for key, _ in pending] == [9]
+
+
+def test_each_group_run_is_reported_to_the_thread_share(reader: bool) -> None:
+    """The thread share judges each forward it is told of, so every group that ran is reported once."""
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    batch = [(key, Tokens(list(range(300)))) for key in range(3)]  # one group each
+    share = FakeShare()
+    assert _run_batch(Inbox(theirs, reader), FakeModel(), batch, 0.0, share, Pending())  # type: ignore[arg-type]
+    assert [ours.recv()[1][0] for _ in range(3)] == [[0], [1], [2]]
+    assert share.forwards == 3
 
 
 def test_an_urgent_input_read_earlier_stops_the_batch_at_the_first_bulk_group(reader: bool) -> None:
