@@ -104,6 +104,22 @@ def cross_encoder_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     return build_classifier(tmp_path_factory.mktemp("cross-encoder"), model_dir, ["relevance"])
 
 
+@pytest.fixture(scope="session")
+def splade_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random SPLADE folder (BERT + masked-LM head), shared: no test writes into it."""
+    from tests.tiny_models import build_splade
+
+    return build_splade(tmp_path_factory.mktemp("splade") / "splade", model_dir)
+
+
+@pytest.fixture(scope="session")
+def colbert_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random ColBERT folder (PyLate's layout), shared: no test writes into it."""
+    from tests.tiny_models import build_colbert
+
+    return build_colbert(tmp_path_factory.mktemp("colbert") / "colbert", model_dir)
+
+
 API_KEY = "s3cret-test-key"
 VERTEX_PREDICT = "/v1/endpoints/7/deployedModels/8:predict"  # a route as Vertex AI names it
 

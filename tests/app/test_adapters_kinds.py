@@ -14,21 +14,10 @@ import pytest
 
 from tests.app.inprocess import InProcessServer, serving
 from tests.lora_adapters import build_adapter, multi_vector_reference, sparse_reference
-from tests.tiny_models import build_colbert, build_splade
 
 TEXTS = ["Hello world, the warm pool model", "a", "naïve café 🙂"]
 QUERY = "what keeps the warm pool model loaded?"
 DOCS = ["the warm pool keeps models loaded; engines restart.", "Hello, world!", "a model of the text"]
-
-
-@pytest.fixture(scope="module")
-def splade_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_splade(tmp_path_factory.mktemp("splade") / "splade", model_dir)
-
-
-@pytest.fixture(scope="module")
-def colbert_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_colbert(tmp_path_factory.mktemp("colbert") / "colbert", model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -14,15 +14,9 @@ import pytest
 from tests.app.inprocess import serving
 from tests.conftest import API_KEY
 from tests.server_process import Served
-from tests.tiny_models import build_colbert
 
 QUERY = "what keeps the warm pool model loaded?"
 DOCS = ["the warm pool keeps models loaded; engines restart.", "Hello, world!", "a model of the text"]
-
-
-@pytest.fixture(scope="module")
-def colbert_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_colbert(tmp_path_factory.mktemp("colbert") / "colbert", model_dir)
 
 
 @pytest.fixture(scope="module")

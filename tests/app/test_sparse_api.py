@@ -11,15 +11,9 @@ import pytest
 
 from tests.app.inprocess import serving
 from tests.server_process import Served
-from tests.tiny_models import build_splade
 from tests.vectors import same_entries
 
 TEXTS = ["Hello world, the warm pool model", "a", "naïve café 🙂"]
-
-
-@pytest.fixture(scope="module")
-def splade_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_splade(tmp_path_factory.mktemp("splade") / "splade", model_dir)
 
 
 @pytest.fixture(scope="module")
