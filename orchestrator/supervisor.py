@@ -92,6 +92,7 @@ class EngineSupervisor:
         self.budget = RestartBudget(settings.max_restarts, settings.restart_window)
         self._up: set[int] = set()
         self._up_lock = threading.Lock()  # _up and startup.engine_up change together
+        self._publish_lock = threading.Lock()  # see _publish
         self.served = False  # an engine of this model has been ready (with every adapter it was given)
         self._forked_at = [0.0] * self.count
         # A re-forked engine gets this long to load and warm up (the first has none: a cold start
@@ -142,6 +143,13 @@ class EngineSupervisor:
             "forkserver_replacements": self.forkserver_replacements,
             "memory": self._memory(),
         }
+
+    def _publish(self) -> None:
+        """The engine phase's detail as it is now. Read and written under one lock: two engines ready
+        at once (a restart beside a follower's start) each publish after their change, and one
+        reading before the other's change would otherwise land after it and stay (up 1 of 2)."""
+        with self._publish_lock:
+            self.startup.update("engine", **self._detail())
 
     def _memory(self) -> list[dict[str, Any]]:
         """RSS, PSS, shared and private MB of each live engine and of the forkserver they share the
@@ -196,7 +204,7 @@ class EngineSupervisor:
         with self._up_lock:
             self._up.discard(slot)
             self.startup.engine_up = bool(self._up)
-        self.startup.update("engine", **self._detail())
+        self._publish()
         if not self._stopping.is_set():
             process = self.processes[slot]
             log.error("engine_lost", slot=slot, pid=process.pid if process else None, up=len(self._up))
@@ -212,7 +220,7 @@ class EngineSupervisor:
         if ref is not None and not ref.exited():
             log.error("engine_killed", slot=slot, pid=ref.pid, reason=reason)
             self.stalls += 1
-            self.startup.update("engine", **self._detail())
+            self._publish()
             ref.kill()
 
     def abort(self) -> None:
@@ -296,7 +304,7 @@ class EngineSupervisor:
             return
         if forkserver.replace(self.method, f"engine {slot} was not forked within {limit:.0f} s"):
             self.forkserver_replacements += 1
-            self.startup.update("engine", **self._detail())
+            self._publish()
 
     def _ready(self, slot: int, conn: Connection, warmup: dict[str, Any]) -> None:
         with self._up_lock:  # an engine_lost for this pipe, however early, lands after this
@@ -304,7 +312,7 @@ class EngineSupervisor:
             self._up.add(slot)
             self.startup.engine_up = True
             self.served = True
-        self.startup.update("engine", **self._detail())
+        self._publish()
         log.info("engine_ready", slot=slot, pid=self.pids[slot], up=len(self._up))
 
     def _bring_up(self, slot: int, follower: bool = False) -> None:
