@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.settings import Settings
 from common.wire import Tokens
-from server.core.engine_client import Outcome
+from server.core.outcome import Outcome
 from server.core.result_cache import (
     CacheFormatError,
     LocalLRU,

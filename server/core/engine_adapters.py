@@ -1,7 +1,8 @@
 """The LoRA adapter set every engine of one model serves, kept the same on each of them: an ADAPTERS
 message (common/wire.py) to every attached engine whenever it changes, and to an engine as it attaches
 where the set is no longer the one engines start with (EngineSpec.adapters): a re-forked engine serves
-what the others serve before its first input. Each engine answers what it holds and what it refused.
+what the others serve before its first input. Each engine answers what it holds and what it refused;
+inputs naming an adapter are routed around the engines that refused it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class EngineAdapters:
         self.resident: dict[str, int] = {}  # name -> the bytes an engine holds for it (its last answer)
         self._seq = itertools.count(1)
         self._changes: dict[int, _Change] = {}
+        self._refusing: dict[int, set[str]] = {}  # slot -> the adapters that engine refused: routed around
         self._lock = threading.Lock()
 
     def attached(self, pipe: EnginePipe) -> None:
@@ -79,6 +81,7 @@ class EngineAdapters:
         if report["refused"]:  # by this engine alone, if the others took it: its inputs get NO_ADAPTER
             log.warning("adapters_refused", slot=slot, refused=report["refused"])
         with self._lock:
+            self._refusing[slot] = set(report["refused"])  # its answer covers the whole set
             self.resident = dict(report["loaded"])
             change = self._changes.get(seq)
             if change is None:
@@ -88,9 +91,22 @@ class EngineAdapters:
             change.slots.discard(slot)
         self._settle_if_done(seq)
 
+    def refused_by(self, slot: int, name: str) -> None:
+        """Engine `slot` answered NO_ADAPTER for `name` (a re-forked engine refuses at its start)."""
+        with self._lock:
+            self._refusing.setdefault(slot, set()).add(name)
+
+    def able(self, slots: list[int], name: str) -> list[int]:
+        """Of `slots`, those whose engine has not refused adapter `name` (every one for the base model)."""
+        if not name:
+            return slots
+        with self._lock:
+            return [slot for slot in slots if name not in self._refusing.get(slot, ())]
+
     def lost(self, slot: int) -> None:
         """A lost engine answers nothing: changes stop waiting for it (its re-fork gets the set as it attaches)."""
         with self._lock:
+            self._refusing.pop(slot, None)
             for change in self._changes.values():
                 change.slots.discard(slot)
             seqs = list(self._changes)

@@ -29,6 +29,7 @@ from server.core.engine_adapters import AdapterFolders, AdapterUnavailable, Engi
 from server.core.engine_events import BatchStats, EngineEvents
 from server.core.engine_modes import EAGER, EngineModes
 from server.core.engine_pipe import EnginePipe
+from server.core.outcome import Outcome
 
 
 class EngineUnavailable(Exception):
@@ -45,24 +46,6 @@ log = structlog.get_logger("warmpool.engine_client")
 # stalled: routed around and its inputs moved, well before it is killed. A healthy engine answers
 # each group of a batch in a fraction of a second; the stall timeout is 8 such groups or more.
 STALLED_SHARE = 0.25
-
-
-@dataclass
-class Outcome:
-    vectors: np.ndarray  # one pooled row per input; for per-token inputs, each input's token vectors
-    queue_ms: float
-    inference_ms: float
-    rendered: Any = None  # what the request's `then` made of it, on the executor
-
-    @staticmethod
-    def of(rows: list[np.ndarray], queue_ms: float, inference_ms: float) -> Outcome:
-        """Pooled rows stacked into one array; per-token results (one 2-D array per input, of
-        different lengths) and bge-m3's outputs (a dict per input) as an object array of them."""
-        if isinstance(rows[0], np.ndarray) and rows[0].ndim == 1:
-            return Outcome(np.stack(rows), queue_ms, inference_ms)
-        ragged = np.empty(len(rows), dtype=object)
-        ragged[:] = rows
-        return Outcome(ragged, queue_ms, inference_ms)
 
 
 @dataclass(eq=False)
@@ -194,7 +177,8 @@ class EngineClient:
         slots = [s for s in self._slots if s not in self._stalled] or list(self._slots)
         batches: dict[int, list[Keyed]] = {}
         for entry in entries:
-            slot = min(slots, key=lambda s: self._slots[s].load)
+            able = self.adapters.able(slots, entry.request.items[entry.index][1].adapter)
+            slot = min(able or slots, key=lambda s: self._slots[s].load)
             entry.slot = slot
             self._slots[slot].add(entry.tokens)
             batches.setdefault(slot, []).append(entry.request.items[entry.index])
@@ -216,9 +200,9 @@ class EngineClient:
             elif kind == Msg.ERROR:
                 keys, message = body
                 self._on_error(keys, lambda: EngineFailed(message), pipe.slot)
-            elif kind == Msg.NO_ADAPTER:  # those inputs alone, not run: their requests fail, the group ran
+            elif kind == Msg.NO_ADAPTER:  # those inputs alone, not run (the group ran)
                 keys, name = body
-                self._on_error(keys, lambda: AdapterUnavailable(name), pipe.slot)
+                self._on_no_adapter(keys, name, pipe.slot)
             elif kind == Msg.COMPILE:
                 self.modes.set(pipe.slot, str(body.get("mode", EAGER)))  # before any row it computes compiled
                 self._events.engine_compile(pipe.slot, body)
@@ -320,6 +304,20 @@ class EngineClient:
             self._forget(failed)
         for req in failed:
             self._settle(req, error())  # one exception per request: each await raises its own
+
+    def _on_no_adapter(self, keys: list[int], name: str, slot: int) -> None:
+        """Engine `slot` refused adapter `name` (its folder gone since the others loaded it): those
+        inputs go to an engine that has not refused it; with none left their requests fail, 503."""
+        self.adapters.refused_by(slot, name)
+        with self._lock:
+            moved = [e for k in keys if (e := self._entries.get(k)) is not None and e.slot == slot]
+            if moved and self.adapters.able(list(self._slots), name):
+                self._answered(keys, slot)
+                for entry in moved:
+                    entry.slot = None
+                self._dispatch(moved)
+                return
+        self._on_error(keys, lambda: AdapterUnavailable(name), slot)
 
     def _answered(self, keys: list[int], slot: int) -> None:
         """Engine `slot` has run these (caller holds the lock): their tokens leave its load. An input

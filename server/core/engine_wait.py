@@ -12,8 +12,9 @@ from typing import Any
 
 from common.wire import Tokens
 from server.core.engine_adapters import AdapterUnavailable
-from server.core.engine_client import EngineFailed, EngineUnavailable, Outcome
+from server.core.engine_client import EngineFailed, EngineUnavailable
 from server.core.inputs import RequestContext
+from server.core.outcome import Outcome
 from server.core.services import ServedModel, Services
 from server.core.timings import Timings
 from server.http.errors import APIError, ClientDisconnected

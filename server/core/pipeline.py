@@ -21,9 +21,9 @@ from fastapi.responses import Response
 
 from common.wire import Tokens
 from server.core.cached_run import FlightTimeout, Lookup, ResultCache
-from server.core.engine_client import Outcome
 from server.core.engine_wait import adapter_in_use, run_on_engine
 from server.core.inputs import ModelStarting, RequestContext, overloaded
+from server.core.outcome import Outcome
 from server.core.outputs import RawBody
 from server.core.services import ServedModel, Services, services
 from server.core.timings import Timings

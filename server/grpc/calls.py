@@ -17,8 +17,8 @@ import numpy as np
 import orjson
 
 from server import kinds
-from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.outcome import Outcome
 from server.core.pipeline import Prepare, Prepared, Render
 from server.grpc.messages import message
 from server.protocols.tei import DecodeRequest, TEITokenizeRequest

@@ -13,8 +13,8 @@ from common.modelfolder import ModelFolder
 from common.settings import Settings
 from common.wire import Tokens
 from server.core import inputs, outputs
-from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.outcome import Outcome
 from server.core.pipeline import Prepared
 from server.kinds.base import Ask, Item, OutputKind, check_dimensions
 from server.kinds.pairs import PairAsk, Pairs, dot_products, encode_pairs

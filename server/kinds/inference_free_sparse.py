@@ -14,8 +14,8 @@ import numpy as np
 
 from common.wire import Tokens
 from server.core import inputs
-from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.outcome import Outcome
 from server.core.pipeline import Prepared
 from server.kinds.base import Ask
 from server.kinds.multi_vector import role_of

@@ -15,8 +15,8 @@ from common.modelfolder import ModelFolder
 from common.settings import Settings
 from common.wire import Tokens
 from server.core import inputs, outputs
-from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.outcome import Outcome
 from server.core.pipeline import Prepared
 from server.kinds.base import Ask, Item, check_dimensions
 from server.kinds.dense import Dense, late, only_dense, windowed

@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from server.core import inputs, outputs
-from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.outcome import Outcome
 from server.core.pipeline import Prepared, answer
 from server.kinds.labels import label
 from server.protocols.openai import ClassifyRequest, openapi_body

@@ -9,8 +9,8 @@ from fastapi.responses import Response
 
 from server import kinds
 from server.core import inputs, outputs
-from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.outcome import Outcome
 from server.core.pipeline import Prepared, answer
 from server.kinds import m3
 from server.kinds.base import Ask

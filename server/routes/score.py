@@ -22,8 +22,8 @@ from fastapi.responses import Response
 from common.wire import Tokens
 from server import kinds
 from server.core import inputs, outputs
-from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.outcome import Outcome
 from server.core.pipeline import Prepared, answer
 from server.kinds.image_text import shared_space_pairs
 from server.kinds.pairs import PairAsk, Pairs

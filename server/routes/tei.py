@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse, Response
 
 from server import kinds
 from server.core import inputs, outputs
-from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.outcome import Outcome
 from server.core.pipeline import Prepare, Prepared, Render, answer, in_shape
 from server.core.services import Services, services
 from server.kinds.base import Ask

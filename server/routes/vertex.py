@@ -26,8 +26,8 @@ from pydantic import Field
 
 from server import kinds
 from server.core import inputs, outputs
-from server.core.engine_client import Outcome
 from server.core.inputs import RequestContext
+from server.core.outcome import Outcome
 from server.core.pipeline import Prepare, Prepared, Render, answer, checked_priority
 from server.http.errors import APIError
 from server.protocols.openai import Body, openapi_body

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from common.wire import Keyed, Msg, Tokens, send
-from server.core.engine_client import EngineClient, Outcome
+from server.core.engine_client import EngineClient
 from server.core.engine_events import BatchStats
+from server.core.outcome import Outcome
 
 DEADLINE_S = 2.0  # any single wait; everything here takes milliseconds
 SCENARIO_S = 4.0  # a whole test, so a hang fails instead of stalling the run

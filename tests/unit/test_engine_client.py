@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from server.core.engine_client import Outcome
+from server.core.outcome import Outcome
 from tests.unit.engine_rig import EXECUTOR_PREFIX, Rig, result, run, tok, until
 
 

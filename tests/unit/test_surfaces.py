@@ -176,7 +176,7 @@ def test_request_schemas_have_no_dangling_references(model) -> None:  # type: ig
 
 def test_per_token_outcome_keeps_each_inputs_rows() -> None:
     """Per-token results of different lengths stay one array per input; pooled rows are stacked."""
-    from server.core.engine_client import Outcome
+    from server.core.outcome import Outcome
 
     ragged = Outcome.of([np.zeros((3, 2)), np.ones((1, 2))], 0.0, 0.0).vectors
     assert [v.shape for v in ragged] == [(3, 2), (1, 2)]
