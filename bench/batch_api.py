@@ -9,6 +9,7 @@ One server on the embedded model (cache off). `--lines` lines of one mixed-lengt
    of the same lines runs: its p50/p99 in each.
 Prints each rate and the Batch API's ratio to the others, and the interactive client's p50/p99 ratio.
 Never asserts. Usage: .venv/bin/python -m bench.batch_api [--lines 20000] [--clients 32] [--seconds 15]
+       [--settings batch_concurrency=64,...]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 
 from bench.common import MODEL, Connection, pct, run, sentences
+from bench.paired import settings
 from server.batches.runner import BATCH_PRIORITY
 from tests.server_process import ServerProcess
 
@@ -101,12 +103,18 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=20000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--settings", default="", help="the server's settings, e.g. batch_concurrency=64")
     args = parser.parse_args()
     texts = sentences(args.lines, seed=11)
     probe = sentences(200, seed=12)
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(
-            MODEL, Path(tmp) / "server.log", log_level="warning", cache_bytes="0", batch_dir=Path(tmp) / "batches"
+            MODEL,
+            Path(tmp) / "server.log",
+            log_level="warning",
+            cache_bytes="0",
+            batch_dir=Path(tmp) / "batches",
+            **settings(args.settings),
         )
         server.wait_ready().wait_engines()
         server.client = httpx.Client(base_url=server.url, timeout=60)
