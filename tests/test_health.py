@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from tests.server_process import ServerProcess
 
 
@@ -54,3 +56,11 @@ def test_probes_answer(server: ServerProcess) -> None:
     assert server.get("/health/live").status_code == 200
     assert server.get("/health/ready").json() == {"status": "ready"}
     assert server.get("/health").status_code == 200
+
+
+def test_what_the_start_built_is_frozen_out_of_the_collector(server: ServerProcess) -> None:
+    """Once ready, the HTTP process's objects from its start are out of the cyclic collector's view
+    (gc.freeze), so no full collection rescans them under load, pausing the event loop."""
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+    (ready,) = [line for line in lines if line.get("event") == "ready"]
+    assert ready["frozen_objects"] > 10_000, ready
