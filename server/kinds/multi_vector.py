@@ -22,7 +22,8 @@ from server.core.outcome import Outcome
 from server.core.pipeline import Prepared
 from server.kinds.base import Ask, OutputKind
 from server.kinds.pairs import PairAsk, Pairs
-from server.tokenizing.tokenizer import Direction, Markers
+from server.tokenizing.markers import Markers
+from server.tokenizing.tokenizer import Direction
 
 Role = Literal["query", "document"]
 

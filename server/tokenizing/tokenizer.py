@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from common.late_interaction import LateInteraction
 from common.wire import Tokens
 from server.tokenizing.class_pipeline import load_as_built
 from server.tokenizing.instances import Instances, holding
+from server.tokenizing.markers import markers_of
 from server.tokenizing.siglip_tokenizer import SPIECE, Spelled, is_siglip, siglip_tokenizer, without
 
 # The most a TEI token span takes less the text it covers: {"id":..,"text":"","special":false,
@@ -45,17 +45,6 @@ SHORT_TEXT_CHARS = 1024
 
 TextOrPair = str | tuple[str, str]
 Direction = Literal["right", "left"]
-
-
-@dataclass(frozen=True)
-class Markers:
-    """A ColBERT's token ids: the query and document markers (None: the model has none), the mask
-    token a short query is padded with, and the tokens a document's vectors leave out."""
-
-    query: int | None
-    document: int | None
-    mask: int | None
-    skip: frozenset[int]
 
 
 class TokenizerPool:
@@ -85,7 +74,7 @@ class TokenizerPool:
             self._prefix = prototype.encode(pair_template.prefix, add_special_tokens=False).ids
             self._suffix = prototype.encode(pair_template.suffix, add_special_tokens=False).ids
             self.special_tokens_pair = len(self._prefix) + len(self._suffix) + self.special_tokens
-        self.markers = None if late is None else _markers(prototype, folder, late)
+        self.markers = None if late is None else markers_of(prototype, folder, late)
 
     @cached_property
     def special_ids(self) -> frozenset[int]:
@@ -349,32 +338,6 @@ class TooManyTokens(ValueError):
     def __init__(self, index: int, count: int) -> None:
         super().__init__(f"text {index} has {count} tokens")
         self.index, self.count = index, count
-
-
-def _markers(tok: Tokenizer, folder: Path, late: LateInteraction) -> Markers:
-    """The ids PyLate looks up with convert_tokens_to_ids; a marker or mask token the vocabulary
-    lacks is a ModelError, a skiplist word it lacks is left out (it would otherwise match [UNK])."""
-
-    def token(text: str, what: str) -> int:
-        found = tok.token_to_id(text)
-        found = tok.token_to_id(text.strip()) if found is None else found
-        if found is None:
-            raise ModelError(f"the tokenizer of {folder} has no {what} token {text!r}")
-        return found
-
-    mask = None
-    if late.expansion:
-        try:
-            named = json.loads((folder / "tokenizer_config.json").read_text()).get("mask_token") or "[MASK]"
-        except (OSError, ValueError):
-            named = "[MASK]"
-        mask = token(named["content"] if isinstance(named, dict) else str(named), "mask")
-    return Markers(
-        query=token(late.query_prefix, "query marker") if late.query_prefix else None,
-        document=token(late.document_prefix, "document marker") if late.document_prefix else None,
-        mask=mask,
-        skip=frozenset(i for i in (tok.token_to_id(word) for word in late.skiplist) if i is not None),
-    )
 
 
 def _joined(inputs: Sequence[TextOrPair]) -> str:
