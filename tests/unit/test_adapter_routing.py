@@ -6,7 +6,18 @@ from __future__ import annotations
 import pytest
 
 from server.core.engine_adapters import AdapterUnavailable
-from tests.unit.engine_rig import Rig, result, run, tok, until
+from tests.unit.engine_rig import FakeEngine, Rig, result, run, tok, until
+
+
+async def refused_by_the_first(rig: Rig) -> tuple[FakeEngine, FakeEngine, list[int]]:
+    """Two engines, the second answering at once; the first refuses adapter "b" for the input it is
+    sent (which the second then answers): the two engines and that input's keys."""
+    a, b = rig.attach(0), rig.attach(1, auto=True)
+    first, keys = rig.client.submit([tok(2, 3)._replace(adapter="b")])
+    await until(lambda: a.keys == keys, "the first input at the first engine")
+    a.no_adapter(keys, "b")
+    await result(first)
+    return a, b, keys
 
 
 def test_inputs_an_engine_refuses_go_to_an_engine_that_holds_the_adapter() -> None:
@@ -30,11 +41,7 @@ def test_an_adapter_refused_by_an_engine_is_sent_only_to_the_others() -> None:
     least loaded; the base's still go to it."""
 
     async def scenario(rig: Rig) -> None:
-        a, b = rig.attach(0), rig.attach(1, auto=True)
-        first, keys = rig.client.submit([tok(2, 3)._replace(adapter="b")])
-        await until(lambda: a.keys == keys, "the first input at the first engine")
-        a.no_adapter(keys, "b")
-        await result(first)
+        a, b, keys = await refused_by_the_first(rig)
         adapter, adapter_keys = rig.client.submit([tok(4, 3)._replace(adapter="b")])
         assert (await result(adapter)).vectors.tolist() == [[4, 3, 1]]
         base, base_keys = rig.client.submit([tok(5, 3)])
@@ -67,11 +74,7 @@ def test_a_lost_engines_refusals_are_forgotten() -> None:
     """The engine re-forked into a refusing engine's slot starts afresh: it is sent the adapter's inputs."""
 
     async def scenario(rig: Rig) -> None:
-        a, b = rig.attach(0), rig.attach(1, auto=True)
-        first, keys = rig.client.submit([tok(2, 3)._replace(adapter="b")])
-        await until(lambda: a.keys == keys, "the input at the first engine")
-        a.no_adapter(keys, "b")
-        await result(first)
+        a, b, _ = await refused_by_the_first(rig)
         a.die()
         b.die()
         await until(lambda: rig.client.attached == 0, "both engines lost")
