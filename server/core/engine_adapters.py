@@ -103,6 +103,11 @@ class EngineAdapters:
         with self._lock:
             return [slot for slot in slots if name not in self._refusing.get(slot, ())]
 
+    def refused(self, name: str) -> list[int]:
+        """The slots whose engine refused adapter `name` (/v1/models says how many)."""
+        with self._lock:
+            return sorted(slot for slot, names in self._refusing.items() if name in names)
+
     def lost(self, slot: int) -> None:
         """A lost engine answers nothing: changes stop waiting for it (its re-fork gets the set as it attaches)."""
         with self._lock:

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from common.modelfolder import ModelFolder
 from server import kinds
-from server.core.services import Services, services
+from server.core.services import ServedModel, Services, services
 from server.http.errors import APIError
 
 router = APIRouter(tags=["models"])
@@ -70,13 +70,22 @@ def model_list(request: Request, owner: str) -> dict[str, object]:
         # each LoRA adapter as vLLM lists its LoRA modules: its own id and root, its base as `parent`
         if model.adapters is not None:
             cards += [
-                {**served, "id": a.name, "root": str(a.folder), "parent": name, **a.card()}
+                {**served, "id": a.name, "root": str(a.folder), "parent": name, **a.card(), **refusals(model, a.name)}
                 for a in model.adapters.entries.values()
             ]
     tenant = getattr(request.state, "tenant", None)
     if tenant is not None and tenant.models is not None:  # a tenant sees the models it may use
         cards = [card for card in cards if card["id"] in tenant.models]
     return {"object": "list", "data": cards}
+
+
+def refusals(model: ServedModel, adapter: str) -> dict[str, object]:
+    """An adapter some engines refused (its folder gone before they were re-forked): how many, and
+    `unavailable` once every engine taking work has (its requests are then answered 503)."""
+    refused = len(model.engine.adapters.refused(adapter))
+    if not refused:
+        return {}
+    return {"engines_refused": refused} | ({"state": "unavailable"} if refused >= model.engine.attached else {})
 
 
 @router.post("/admin/models/{name}/load")

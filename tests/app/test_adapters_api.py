@@ -110,3 +110,15 @@ def test_scores_with_an_adapter_are_the_cosines_of_its_vectors(
     assert r.status_code == 200, r.text
     vectors = reference(tiny["xlm-roberta"], adapters["medical"], TEXTS)  # normalised by the folder's Normalize
     np.testing.assert_allclose([d["score"] for d in r.json()["data"]], vectors[1:] @ vectors[0], atol=1e-5)
+
+
+def test_models_says_an_adapter_every_engine_refused_is_unavailable(
+    tiny: TinyFolders, adapters: dict[str, Path]
+) -> None:
+    """An adapter the engine refused (its folder gone before it was re-forked) is listed with how many
+    engines refused it, and as unavailable once every engine has; the base as before."""
+    with serving(tiny["xlm-roberta"], served_model_name="base", adapters=f"legal={adapters['legal']}") as served:
+        served.services.models["base"].engine.adapters.refused_by(0, "legal")  # what its NO_ADAPTER records
+        cards = {card["id"]: card for card in served.get("/v1/models").json()["data"]}
+    assert (cards["legal"]["engines_refused"], cards["legal"]["state"]) == (1, "unavailable")
+    assert "engines_refused" not in cards["base"] and cards["base"]["state"] == "ready"
