@@ -307,11 +307,12 @@ class EngineClient:
 
     def _on_no_adapter(self, keys: list[int], name: str, slot: int) -> None:
         """Engine `slot` refused adapter `name` (its folder gone since the others loaded it): those
-        inputs go to an engine that has not refused it; with none left their requests fail, 503."""
+        inputs go to an answering engine that has not refused it; with none, their requests fail (503)."""
         self.adapters.refused_by(slot, name)
         with self._lock:
             moved = [e for k in keys if (e := self._entries.get(k)) is not None and e.slot == slot]
-            if moved and self.adapters.able(list(self._slots), name):
+            answering = [s for s in self._slots if s not in self._stalled]  # where _dispatch sends them
+            if moved and self.adapters.able(answering, name):
                 self._answered(keys, slot)
                 for entry in moved:
                     entry.slot = None

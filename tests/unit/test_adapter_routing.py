@@ -84,3 +84,20 @@ def test_a_lost_engines_refusals_are_forgotten() -> None:
         assert again.keys == keys
 
     run(scenario)
+
+
+def test_an_adapter_held_only_by_a_stalled_engine_fails_its_request() -> None:
+    """The engine that holds it taken for stalled (no new work goes there): the refused inputs fail
+    at once instead of going back to the engine that refused them."""
+
+    async def scenario(rig: Rig) -> None:
+        a, b = rig.attach(0), rig.attach(1)
+        rig.client._stalled = {1}  # as the watchdog marks an engine that answers nothing
+        future, keys = rig.client.submit([tok(2, 3)._replace(adapter="b")])
+        await until(lambda: a.keys == keys, "the input at the answering engine")
+        a.no_adapter(keys, "b")
+        with pytest.raises(AdapterUnavailable, match="adapter 'b'"):
+            await result(future)
+        assert a.keys == keys and b.keys == []
+
+    run(scenario)
