@@ -170,11 +170,11 @@ class EngineClient:
             self._settle(req, EngineUnavailable(reason))
 
     def _dispatch(self, entries: list[_Entry]) -> None:
-        """Each input to the engine with the fewest tokens outstanding, among those not stalled
-        while there are any (caller holds the lock)."""
+        """Each input to the engine of _targets with the fewest tokens outstanding, among those that
+        have not refused its adapter where any has not (caller holds the lock)."""
         if not self._slots or not entries:
             return
-        slots = [s for s in self._slots if s not in self._stalled] or list(self._slots)
+        slots = self._targets()
         batches: dict[int, list[Keyed]] = {}
         for entry in entries:
             able = self.adapters.able(slots, entry.request.items[entry.index][1].adapter)
@@ -184,6 +184,10 @@ class EngineClient:
             batches.setdefault(slot, []).append(entry.request.items[entry.index])
         for slot, items in batches.items():
             self._slots[slot].send((Msg.SUBMIT, items))
+
+    def _targets(self) -> list[int]:
+        """The engines _dispatch sends to: those not stalled while there are any (caller holds the lock)."""
+        return [s for s in self._slots if s not in self._stalled] or list(self._slots)
 
     @staticmethod
     def _requests_of(entries: Iterable[_Entry]) -> list[_Request]:
@@ -307,12 +311,11 @@ class EngineClient:
 
     def _on_no_adapter(self, keys: list[int], name: str, slot: int) -> None:
         """Engine `slot` refused adapter `name` (its folder gone since the others loaded it): those
-        inputs go to an answering engine that has not refused it; with none, their requests fail (503)."""
+        inputs go to an engine _dispatch sends to that has not refused it; with none, their requests fail (503)."""
         self.adapters.refused_by(slot, name)
         with self._lock:
             moved = [e for k in keys if (e := self._entries.get(k)) is not None and e.slot == slot]
-            answering = [s for s in self._slots if s not in self._stalled]  # where _dispatch sends them
-            if moved and self.adapters.able(answering, name):
+            if moved and self.adapters.able(self._targets(), name):
                 self._answered(keys, slot)
                 for entry in moved:
                     entry.slot = None
