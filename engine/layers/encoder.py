@@ -21,6 +21,7 @@ from torch import nn
 from common.cpus import usable_cpus
 from common.folderjson import ModelError
 from engine.layers.checkpoint import read_checkpoint, renamed_as
+from engine.layers.grid_attention import attend_grid
 from engine.layers.packed import Packed
 
 # config.json's hidden_act -> the function, as transformers' ACT2FN computes it
@@ -101,6 +102,8 @@ def attend(
         if key not in p.memo:
             p.memo[key] = band_mask(max(length for _, length in p.spans), reach, q.device, bias)
         mask = p.memo[key]
+    if q.device.type == "cuda" and p.keys is None and len(p.spans) > 1:  # one input: its call needs no grid
+        return attend_grid(q, k, v, p, mask, scale, causal)
     return _attend_spans(q, k, v, p.spans, mask, scale, causal, p.keys)
 
 

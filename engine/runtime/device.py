@@ -57,6 +57,9 @@ def place(device: str, dtype: str, weights: list[Path]) -> Placement:
     torch.cuda.set_device(target)
     torch.cuda.init()
     torch.zeros(1, device=target)  # the context itself, not only the driver
+    # cuDNN's attention builds a plan for each new (inputs, longest) shape, ~5 ms of CPU each, and a
+    # served batch is nearly always a new shape: flash and memory-efficient attention need no plan.
+    torch.backends.cuda.enable_cudnn_sdp(False)
     init_s = time.monotonic() - started
     best = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     chosen = best if dtype == "auto" else DTYPES[dtype]
