@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
+import numpy as np
 import torch
 
 from common.wire import Tokens
@@ -31,14 +33,22 @@ class Packed:
 
     @staticmethod
     def of(inputs: list[Tokens]) -> Packed:
-        lengths = torch.tensor([len(item.input_ids) for item in inputs], dtype=torch.long)
-        starts = torch.cumsum(lengths, 0) - lengths
-        seq = torch.repeat_interleave(torch.arange(len(inputs)), lengths)
-        positions = torch.arange(int(lengths.sum())) - starts[seq]
-        types = [t.token_type_ids if t.token_type_ids is not None else [0] * len(t.input_ids) for t in inputs]
+        # The index arithmetic in numpy: torch's CPU operators hand even a few hundred elements to an
+        # OpenMP team, and waking one beside a busy HTTP process measured ~2 ms a batch on a GPU machine.
+        sizes = np.fromiter((len(item.input_ids) for item in inputs), dtype=np.int64, count=len(inputs))
+        offsets = np.cumsum(sizes) - sizes
+        order = np.repeat(np.arange(len(inputs), dtype=np.int64), sizes)
+        lengths, starts, seq = torch.from_numpy(sizes), torch.from_numpy(offsets), torch.from_numpy(order)
+        positions = torch.from_numpy(np.arange(len(order), dtype=np.int64) - offsets[order])
+        total = len(order)
+        if any(t.token_type_ids is not None for t in inputs):
+            rows = (t.token_type_ids if t.token_type_ids is not None else [0] * len(t.input_ids) for t in inputs)
+            types = torch.from_numpy(np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=total))
+        else:
+            types = torch.zeros(total, dtype=torch.long)
         return Packed(
-            ids=torch.tensor([i for item in inputs for i in item.input_ids], dtype=torch.long),
-            types=torch.tensor([t for row in types for t in row], dtype=torch.long),
+            ids=torch.from_numpy(np.fromiter(chain.from_iterable(t.input_ids for t in inputs), np.int64, total)),
+            types=types,
             positions=positions,
             seq=seq,
             starts=starts,
