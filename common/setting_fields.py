@@ -291,9 +291,10 @@ class SettingFields(ServiceFields):
             "torch threads of an engine working alone (every other engine idle for 0.2 s or more, and its last "
             "forward on them not slowed by a core another process took); engines "
             "busy together take `ENGINE_THREADS / ENGINES` each. Default: the CPUs in the process's affinity "
-            "set, capped by a cgroup CPU quota (a pod's `limits.cpu`, rounded down), not the host's count."
+            "set, capped by a cgroup CPU quota (a pod's `limits.cpu`, rounded down), not the host's count; "
+            "on a GPU 1, since the engine's CPU work there is launching kernels."
         ),
-        json_schema_extra={"default_text": "usable CPUs"},
+        json_schema_extra={"default_text": "usable CPUs (1 on a GPU)"},
     )
     engine_nice: int = Field(
         5, ge=0, le=19, description="Niceness of the engine process, so the HTTP process gets a core at once."

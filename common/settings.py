@@ -117,9 +117,18 @@ class Settings(SettingFields):
         return 1 if self.resolved_device.startswith("cuda:") else min(2, usable_cpus())
 
     @property
+    def solo_engine_threads(self) -> int:
+        """engine_threads; on a GPU 1 unless set. There the engine's CPU work is launching kernels and
+        small index arithmetic, and an OpenMP team only waits on cores the HTTP process needs: on an
+        H200 machine 2 threads served 1.4x the inputs of 16 (vLLM's GPU workers take 1 as well)."""
+        if self.resolved_device != "cpu" and "engine_threads" not in self.model_fields_set:
+            return 1
+        return self.engine_threads
+
+    @property
     def shared_engine_threads(self) -> int:
-        """Each engine's share of engine_threads while the others are busy too."""
-        return max(1, self.engine_threads // self.engine_count)
+        """Each engine's share of its threads while the others are busy too."""
+        return max(1, self.solo_engine_threads // self.engine_count)
 
     def stall_timeout(self, ms_per_token: float, group_tokens: int | None = None) -> float:
         """engine_stall_timeout, or 8 x the time of the largest forward an engine answers in one go

@@ -112,7 +112,7 @@ class EngineSupervisor:
             model_path=self.settings.model_path,
             slot=slot,
             threads=self.settings.shared_engine_threads,
-            solo_threads=self.settings.engine_threads,
+            solo_threads=self.settings.solo_engine_threads,
             max_batch_tokens=self.settings.max_batch_tokens,
             max_batch_size=self.settings.max_batch_size,
             nice=self.settings.engine_nice,

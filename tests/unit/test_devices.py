@@ -45,6 +45,13 @@ def test_one_engine_per_gpu_by_default_on_cuda(monkeypatch: pytest.MonkeyPatch) 
     assert Settings(device="cuda:2").engine_count == 1
 
 
+def test_a_gpu_engine_takes_one_cpu_thread_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert Settings(device="cuda").solo_engine_threads == Settings(device="cuda").shared_engine_threads == 1
+    assert Settings(device="cuda", engine_threads=4).solo_engine_threads == 4
+    assert Settings(device="cpu", engine_threads=4).solo_engine_threads == 4
+
+
 def test_the_cpu_keeps_two_engines_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a GPU, auto is the CPU with its usual engine count."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
