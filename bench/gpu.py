@@ -8,12 +8,13 @@ have none, so this runs where one is lent (README: GPUs).
 4. cold start to ready and first embedding against a naive server on the GPU, for the default
    model and a ~1.3 GB random BERT-large;
 5. a killed engine serving again.
-Usage: .venv/bin/python -m bench.gpu [--seconds 10] [--skip-big]
+Usage: .venv/bin/python -m bench.gpu [--seconds 10] [--skip-big] [--workdir DIR (kept: the servers' logs)]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +47,29 @@ def exactness(model: Path, texts: list[str]) -> None:
         )
 
 
+def forward_times(model: Path, texts: list[str]) -> None:
+    """The engine's forward alone, in bfloat16: what the GPU takes for a batch, before any HTTP."""
+    import torch
+
+    from common.modelfolder import read_model_folder
+    from engine.runtime.device import place
+    from engine.runtime.model import PoolingModel
+    from server.tokenizing.tokenizer import TokenizerPool
+
+    info, tokenizer = read_model_folder(model), TokenizerPool(model)
+    engine = PoolingModel(info, 4, place("cuda:0", "bfloat16", []))
+    for size in (1, 32, 128):
+        tokens = [tokenizer.encode(t, truncate=info.max_model_len) for t in texts[:size]]
+        for _ in range(3):
+            engine.forward(tokens)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(20):
+            engine.forward(tokens)
+        elapsed = (time.perf_counter() - started) / 20
+        print(f"  forward of {size:3} inputs: {elapsed * 1000:.2f} ms = {size / elapsed:.0f} inputs/s")
+
+
 def raw_throughput(model: Path, texts: list[str]) -> float:
     import torch
     from sentence_transformers import SentenceTransformer
@@ -63,8 +87,8 @@ def raw_throughput(model: Path, texts: list[str]) -> float:
 
 
 def serve(model: Path, tmp: Path, seconds: float, texts: list[str]) -> None:
-    timeline, server = run_warmpool(model, tmp / "warmpool.log", cold=True, device="cuda")
-    naive = run_naive(model, tmp / "naive.log", device="cuda")
+    timeline, server = run_warmpool(model, tmp / f"{model.name}.warmpool.log", cold=True, device="cuda")
+    naive = run_naive(model, tmp / f"{model.name}.naive.log", device="cuda")
     print(f"  cold start, warmpool: {timeline}")
     print(f"  cold start, naive:    {naive}")
     try:
@@ -77,6 +101,8 @@ def serve(model: Path, tmp: Path, seconds: float, texts: list[str]) -> None:
             print(
                 f"  {clients:3} clients: {window.inputs_s:.1f} inputs/s = {window.inputs_s / raw:.2f} x raw {raw:.1f}"
             )
+        many = run(load(server.port, 32, seconds, texts, body=lambda r: {"input": r.sample(texts, 16)}, per_request=16))
+        print(f"   32 clients x 16 inputs a request: {many.inputs_s:.1f} inputs/s = {many.inputs_s / raw:.2f} x raw")
         print(f"  killed engine serving again after {kill_recovery(server):.2f} s")
     finally:
         server.stop()
@@ -86,11 +112,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--skip-big", action="store_true")
+    parser.add_argument("--workdir", type=Path, help="kept afterwards (the servers' logs); else a temporary one")
     args = parser.parse_args()
     texts = sentences(4000)
     print("exactness and memory, default model:")
     exactness(MODEL, texts)
-    with tempfile.TemporaryDirectory() as tmp:
+    forward_times(MODEL, texts)
+    with tempfile.TemporaryDirectory() if args.workdir is None else contextlib.nullcontext(args.workdir) as tmp:
         print("default model:")
         serve(MODEL, Path(tmp), args.seconds, texts)
         if not args.skip_big:
