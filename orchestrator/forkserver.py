@@ -162,7 +162,8 @@ def stop(method: StartMethod, timeout_s: float = STOP_TIMEOUT_S) -> None:
         os.close(alive)
         server._forkserver_alive_fd = server._forkserver_pid = None  # type: ignore[attr-defined]
         if not exited(pid, timeout_s):
-            log.warning("forkserver_stop_timeout", pid=pid, timeout_s=timeout_s)
+            if timeout_s:  # 0: asked not to wait
+                log.warning("forkserver_stop_timeout", pid=pid, timeout_s=timeout_s)
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)  # killed: it is gone at once
         address = server._forkserver_address  # type: ignore[attr-defined]
