@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,7 @@ import numpy as np
 import orjson
 
 from server.core import fp8
+from server.core.ids import random_hex
 from server.http.errors import bad_request
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def to_json(body: Any) -> bytes:
 def envelope(prefix: str, ctx: RequestContext, **fields: Any) -> dict[str, Any]:
     """vLLM's common response fields."""
     return {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "id": f"{prefix}-{random_hex()}",
         "object": "list",
         "created": int(time.time()),
         "model": ctx.model_name,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import uuid
 from typing import Any, Literal
 
 import structlog
@@ -16,6 +15,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+
+from server.core.ids import random_uuid
 
 log = structlog.get_logger("warmpool.errors")
 
@@ -93,7 +94,7 @@ def _body(exc: APIError) -> dict[str, Any]:
     if exc.shape == "tei":
         return {"error": exc.message, "error_type": _TEI_TYPES.get(exc.status, "validation")}
     if exc.shape == "cohere":
-        return {"id": str(uuid.uuid4()), "message": exc.message}
+        return {"id": random_uuid(), "message": exc.message}
     return openai_body(exc)
 
 

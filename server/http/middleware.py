@@ -4,12 +4,12 @@ no key (the key check itself: server/tenants/guard.py)."""
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.core.ids import random_hex
 from server.core.services import Services
 from server.http.errors import APIError, error_response
 
@@ -36,7 +36,7 @@ class RequestTracking:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
+        request_id = _header(scope, b"x-request-id") or random_hex()
         state: dict[str, Any] = scope.setdefault("state", {})
         status = 500
         path = scope["path"]

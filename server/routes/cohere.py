@@ -11,7 +11,6 @@ a long text as overlapping windows, as on /v1/embeddings.
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -19,6 +18,7 @@ from fastapi.responses import Response
 
 from server import kinds
 from server.core import inputs, outputs
+from server.core.ids import random_uuid
 from server.core.inputs import RequestContext
 from server.core.outcome import Outcome
 from server.core.pipeline import Prepared, answer
@@ -80,7 +80,7 @@ def envelope(prep: Prepared[Ask, Any], version: str, **fields: Any) -> bytes:
     pictures = prep.state.described() if isinstance(prep.state, multimodal.Encoded) else []
     return outputs.to_json(
         {
-            "id": str(uuid.uuid4()),
+            "id": random_uuid(),
             **fields,
             "texts": prep.body.request.texts,
             **({"images": [dataclasses.asdict(p) for p in pictures]} if pictures else {}),

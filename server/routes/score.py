@@ -11,7 +11,6 @@ documents on /rerank), scored by the cosine in the shared space.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ from fastapi.responses import Response
 from common.wire import Tokens
 from server import kinds
 from server.core import inputs, outputs
+from server.core.ids import random_hex
 from server.core.inputs import RequestContext
 from server.core.outcome import Outcome
 from server.core.pipeline import Prepared, answer
@@ -230,7 +230,7 @@ def render_rerank(prep: Prepared[RerankRequest, Ranked], outcome: Outcome, ctx: 
         results.append(result)
     return outputs.to_json(
         {
-            "id": f"rerank-{uuid.uuid4().hex}",
+            "id": f"rerank-{random_hex()}",
             "model": ctx.model_name,
             "usage": {"prompt_tokens": prep.n_tokens, "total_tokens": prep.n_tokens},
             "results": results,
