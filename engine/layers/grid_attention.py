@@ -49,12 +49,12 @@ def attend_grid(
 
 
 def _grid(p: Packed, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """Each token's cell in the grid and the grid's key mask: once per forward, not per layer."""
+    """Each token's cell in the grid and the grid's key mask, from the batch's index tensors (already
+    on the device: nothing crosses to it): once per forward, not per layer."""
     key = ("grid", device)
     if key not in p.memo:
         count, longest = len(p.spans), max(n for _, n in p.spans)
-        cells = torch.tensor([i * longest + j for i, (_, n) in enumerate(p.spans) for j in range(n)], dtype=torch.long)
-        lengths = torch.tensor([n for _, n in p.spans], dtype=torch.long)
-        keys = (torch.arange(longest)[None, :] < lengths[:, None])[:, None, None, :]
-        p.memo[key] = (cells.to(device, non_blocking=True), keys.to(device, non_blocking=True), count, longest)
+        cells = p.seq * longest + p.positions
+        keys = (torch.arange(longest, device=device)[None, :] < p.lengths[:, None])[:, None, None, :]
+        p.memo[key] = (cells, keys, count, longest)
     return p.memo[key]  # type: ignore[no-any-return]
