@@ -233,7 +233,7 @@ class EngineSupervisor:
         # A forkserver that never forked is still importing its preload (a start that failed on the
         # model's folder): nothing in it to wait for, and waiting held the exit ~4 s past the linger.
         preloaded = self.startup.state("forkserver") == "done"
-        forkserver.stop(self.method, **({} if preloaded else {"timeout_s": 0.0}))
+        forkserver.stop(self.method, forkserver.STOP_TIMEOUT_S if preloaded else 0.0)
 
     def stop_engines(self) -> None:
         """Stop this model's engines alone (each finishes its batch, then is killed past the grace):

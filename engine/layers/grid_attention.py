@@ -25,10 +25,7 @@ def attend_grid(
     causal: bool,
 ) -> torch.Tensor:
     """`mask`: a float bias or a boolean band over [longest, longest] (attend's), or None."""
-    cells, keys, count, longest = _grid(p, q.device)
-    allowed = keys  # [count, 1, 1, longest]: the input's own tokens
-    if causal:
-        allowed = allowed & torch.ones(longest, longest, dtype=torch.bool, device=q.device).tril()
+    cells, allowed, count, longest = _grid(p, q.device, causal)
     if mask is not None and mask.dtype == torch.bool:
         allowed = allowed & mask[..., :longest, :longest]
         mask = None
@@ -48,13 +45,15 @@ def attend_grid(
     return context.transpose(1, 2).reshape(count * longest, -1)[cells]
 
 
-def _grid(p: Packed, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """Each token's cell in the grid and the grid's key mask, from the batch's index tensors (already
-    on the device: nothing crosses to it): once per forward, not per layer."""
-    key = ("grid", device)
+def _grid(p: Packed, device: torch.device, causal: bool) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Each token's cell in the grid and where it may attend (its input's own tokens; `causal`: those
+    up to it), from the batch's index tensors already on the device: once per forward, not per layer."""
+    key = ("grid", device, causal)
     if key not in p.memo:
         count, longest = len(p.spans), max(n for _, n in p.spans)
         cells = p.seq * longest + p.positions
-        keys = (torch.arange(longest, device=device)[None, :] < p.lengths[:, None])[:, None, None, :]
-        p.memo[key] = (cells, keys, count, longest)
+        allowed = (torch.arange(longest, device=device)[None, :] < p.lengths[:, None])[:, None, None, :]
+        if causal:
+            allowed = allowed & torch.ones(longest, longest, dtype=torch.bool, device=device).tril()
+        p.memo[key] = (cells, allowed, count, longest)
     return p.memo[key]  # type: ignore[no-any-return]
