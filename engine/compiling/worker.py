@@ -11,17 +11,21 @@ only once this worker has loaded and run it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
+import hashlib
 import os
 import shutil
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+PROBES = "isa-probes"  # in the cache: the C++ compiler's checks of this CPU's vector instructions
 
 
 def main(argv: list[str]) -> int:
@@ -41,10 +45,11 @@ def main(argv: list[str]) -> int:
         started = time.monotonic()
         scratch = Path(tempfile.mkdtemp(prefix=f".{artifact.name}.", dir=root))
         try:
-            # inductor's caches and the C++ compiler's temporary files under the scratch folder:
+            # the C++ compiler's temporary files and inductor's caches under the scratch folder:
             # gone with it, never grown without end, never in a small /tmp
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor")
             os.environ["TMPDIR"] = tempfile.tempdir = str(scratch)
+            keep_probes(root, scratch, probes_key(), probe_vector_isa)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor")
             build(folder, precision, scratch / "artifact")
             durable(scratch / "artifact")
             os.rename(scratch / "artifact", artifact)
@@ -69,6 +74,39 @@ def clear_scratch(root: Path, own: str) -> None:
             except BlockingIOError:
                 continue  # a live worker's
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def keep_probes(root: Path, scratch: Path, key: str, probe: Callable[[], object]) -> None:
+    """Which vector instructions inductor may use: it compiles and loads a small library per
+    instruction set (~7 s of a tiny model's ~21 s compile on a 2-core AMD Zen 4), the same every
+    time for one compiler and torch (`key`). So they are kept in the cache, a folder per key:
+    probed in the scratch folder and moved in whole, so that a worker killed mid-probe leaves no
+    torn library, which inductor would take for an instruction set the CPU lacks. Inductor keeps
+    the answers in this process for the build that follows."""
+    kept = root / f"{PROBES}-{key}"
+    if kept.is_dir():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(kept)
+        probe()
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / PROBES)
+    probe()
+    with contextlib.suppress(OSError):  # another model's worker moved its own in first
+        os.rename(scratch / PROBES, kept)
+
+
+def probes_key() -> str:
+    """What the probes depend on: the C++ compiler (its version) and torch's version."""
+    import torch
+    from torch._inductor import cpp_builder
+
+    compiler = cpp_builder.get_compiler_version_info(cpp_builder.get_cpp_compiler())
+    return hashlib.sha256(f"{compiler}={torch.__version__}".encode()).hexdigest()[:16]
+
+
+def probe_vector_isa() -> object:
+    from torch._inductor import cpu_vec_isa
+
+    return cpu_vec_isa.pick_vec_isa()
 
 
 def durable(folder: Path) -> None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from common.modelfolder import read_model_folder
-from engine.compiling import artifacts
+from engine.compiling import artifacts, worker
 from engine.compiling import package as compiled
 from engine.compiling.compilation import UNPACKED, Compilation
 from engine.compiling.package import CompiledForward, CompileError, cache_key
@@ -245,3 +246,52 @@ def test_what_a_killed_engine_unpacked_is_removed_and_a_live_ones_kept(tmp_path:
     compilation.stop()  # the cache missed: a worker was started
     assert not (tmp_path / UNPACKED / str(dead.pid)).exists()
     assert (tmp_path / UNPACKED / str(os.getpid()) / "aotinductor_x").is_dir()
+
+
+def probe_into_cache_dir(runs: list[str], fail: bool = False) -> Callable[[], None]:
+    """A stand-in for inductor's probes: writes a library into TORCHINDUCTOR_CACHE_DIR (or dies there)."""
+
+    def probe() -> None:
+        where = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        runs.append(str(where))
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "avx512.so").write_bytes(b"half a libr")
+        if fail:
+            raise KeyboardInterrupt  # killed mid-probe
+        (where / "avx512.so").write_bytes(b"a library")
+
+    return probe
+
+
+def test_the_vector_isa_probes_are_kept_in_the_cache_and_read_there_next_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first build probes in its scratch folder and moves the probes into the cache whole; the
+    next build (another model, same compiler and torch) probes against the kept ones."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unset")
+    runs: list[str] = []
+    worker.keep_probes(tmp_path, tmp_path / ".a.1", "k1", probe_into_cache_dir(runs))
+    kept = tmp_path / f"{worker.PROBES}-k1"
+    assert runs == [str(tmp_path / ".a.1" / worker.PROBES)]
+    assert (kept / "avx512.so").read_bytes() == b"a library"
+    worker.keep_probes(tmp_path, tmp_path / ".b.1", "k1", probe_into_cache_dir(runs))
+    assert runs[1] == str(kept) and not (tmp_path / ".b.1").exists()
+    worker.keep_probes(tmp_path, tmp_path / ".c.1", "k2", probe_into_cache_dir(runs))  # another compiler
+    assert runs[2] == str(tmp_path / ".c.1" / worker.PROBES) and (tmp_path / f"{worker.PROBES}-k2").is_dir()
+
+
+def test_probes_cut_short_are_never_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed mid-probe leaves its torn library in its scratch folder (removed by the next
+    build), never in the cache where the next build would take it for a missing instruction set."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unset")
+    with pytest.raises(KeyboardInterrupt):
+        worker.keep_probes(tmp_path, tmp_path / ".a.1", "k1", probe_into_cache_dir([], fail=True))
+    assert not (tmp_path / f"{worker.PROBES}-k1").exists()
+
+
+def test_the_probes_are_kept_per_torch_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked twice, one key; another torch (its probes' code and flags) another."""
+    before = worker.probes_key()
+    assert worker.probes_key() == before
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert worker.probes_key() != before
