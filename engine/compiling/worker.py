@@ -48,9 +48,7 @@ def main(argv: list[str]) -> int:
             # the C++ compiler's temporary files and inductor's caches under the scratch folder:
             # gone with it, never grown without end, never in a small /tmp
             os.environ["TMPDIR"] = tempfile.tempdir = str(scratch)
-            keep_probes(root, scratch, probes_key(), probe_vector_isa)
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor")
-            build(folder, precision, scratch / "artifact")
+            build(folder, precision, scratch / "artifact", cache=root)
             durable(scratch / "artifact")
             os.rename(scratch / "artifact", artifact)
             durable(root)
@@ -120,7 +118,9 @@ def durable(folder: Path) -> None:
             os.close(fd)
 
 
-def build(folder: Path, precision: str, out: Path) -> None:
+def build(folder: Path, precision: str, out: Path, cache: Path | None = None) -> None:
+    """Build `folder`'s package into `out` and run it once. In the worker (`cache` given), inductor's
+    files go beside `out`, in the scratch folder, but for its probes, kept in the cache."""
     import torch  # after the environment above: inductor reads it when imported
 
     from common.modelfolder import read_model_folder
@@ -132,6 +132,9 @@ def build(folder: Path, precision: str, out: Path) -> None:
 
     info = read_model_folder(folder)
     model = preloaded.build(info, place("cpu", precision, []))
+    if cache is not None:  # after the model is built: a folder that cannot be read costs no probing
+        keep_probes(cache, out.parent, probes_key(), probe_vector_isa)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(out.parent / "inductor")
     token = int(info.config.get("pad_token_id") or 0) + 1
     # three inputs of unequal lengths: no dimension is traced at a size the exporter specialises on
     sample = Packed.of([Tokens([token] * n) for n in (3, 5, 9)])
