@@ -12,6 +12,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["DO_NOT_TRACK"] = "1"
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import torch
 
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
+from engine.compiling import package as compiled_package
 from engine.compiling.compilation import AGREE
 from engine.compiling.package import CompiledForward, build_package
 from engine.layers.packed import Packed
@@ -42,6 +44,15 @@ TEXTS = [
     "naïve café 日本語 🙂",
     "the warm pool engine keeps models loaded " * 20,
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def precompiled_headers() -> Iterator[None]:
+    """This file builds nine packages in one process: inductor's precompiled headers (in its /tmp
+    cache, built once for the run) save ~3 s of each (engine/compiling/package.py)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled_package, "PRECOMPILED_HEADERS", True)
+        yield
 
 
 def eager_answers(folder: Path, model: PoolingModel | None = None) -> np.ndarray:

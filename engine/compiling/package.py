@@ -93,6 +93,13 @@ def _attend_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: obje
     return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))
 
 
+# Inductor's precompiled headers: two of ~150 MB, 10.4 s to build on a 2-core Zen 4, then 3.0 s off
+# each compile. The worker builds one package a process, in a scratch folder: never worth it there
+# (kept in the cache, 300 MB of its volume and a first compile 10 s longer). A process that builds
+# many (the compile tests) turns them on.
+PRECOMPILED_HEADERS = False
+
+
 def build_package(model: nn.Module, sample: Packed, out: Path) -> None:
     """Export `model` over `sample`'s shapes with the token and input counts dynamic, compile it
     into out/model.pt2 without its weights, and save the other tensors it reads to out/constants.pt."""
@@ -111,10 +118,10 @@ def build_package(model: nn.Module, sample: Packed, out: Path) -> None:
     torch._inductor.aoti_compile_and_package(
         program,
         package_path=str(out / PACKAGE),
-        # no precompiled headers: two of ~150 MB each, built in the worker's scratch folder on every
-        # compile, 10.4 s on a 2-core Zen 4 to save 3.0 s of it (kept in the cache, they would save
-        # the 3.0 s for 300 MB of its volume, after a first compile 10 s longer)
-        inductor_configs={"aot_inductor.package_constants_in_so": False, "aot_inductor.precompile_headers": False},
+        inductor_configs={
+            "aot_inductor.package_constants_in_so": False,
+            "aot_inductor.precompile_headers": PRECOMPILED_HEADERS,
+        },
     )
     named = dict(_named_tensors(model))
     extra = {name: t for name, t in program.constants.items() if name not in named}
