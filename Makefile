@@ -77,14 +77,18 @@ redis-server:
 test-checkpoints: $(STAMP) $(MODEL_DIR)/config.json
 	$(TEST_ENV) $(PY) -m pytest -q tests/real_checkpoints $(PYTEST_ARGS)
 
+# The in-process layers are CPU-bound: two pytest workers, the 2-core machine's cores (0: in this process).
+# On a 2-core Zen 4: tests/unit 62 -> 40 s, tests/app 58 -> 40 s.
+LAYER_WORKERS ?= 2
+
 # The in-process layer alone (no server processes): seconds, for the edit-test loop.
 test-unit: $(STAMP) $(MODEL_DIR)/config.json
-	$(TEST_ENV) $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q -n $(LAYER_WORKERS) tests/unit $(PYTEST_ARGS)
 
 # The real app in-process (tests/app: create_app over engine threads, no server process): the API's
 # behaviour in well under a minute.
 test-app: $(STAMP) $(MODEL_DIR)/config.json
-	$(TEST_ENV) $(PY) -m pytest -q tests/app $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q -n $(LAYER_WORKERS) tests/app $(PYTEST_ARGS)
 
 lint: lint-code lint-deploy
 
