@@ -126,14 +126,17 @@ class Compilation:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
         # the worker's output, for the reason a failed compile gives: unnamed, gone with the engine
         self.log = tempfile.TemporaryFile(dir=artifact.parent)  # noqa: SIM115  (kept for _log_tail)
-        # its own process group: killing it kills the compilers it runs too
+        # its own process group (killing it kills the compilers it runs too) in the engine's session:
+        # a session of its own is an autogroup of its own where the kernel has them, which shares the
+        # CPU with the server's as an equal whatever its niceness (beside a 1.3 GB model's compile an
+        # engine got 1.0 of 2 cores and answered 22 requests in 10 s, against 118 without it)
         self.worker = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=env,
-            start_new_session=True,
+            process_group=0,
         )
         self.detail["compiling"] = True
 

@@ -210,6 +210,22 @@ def test_a_compile_past_its_deadline_is_killed_and_the_engine_stays_eager(tmp_pa
     assert compilation.artifact is not None and not compilation.artifact.exists()
 
 
+def test_the_worker_is_a_process_group_of_its_own_in_the_engines_session(tmp_path: Path, model_dir: Path) -> None:
+    """Killing the worker's group kills its compilers; its niceness holds because it shares the
+    engine's session (a session of its own is an autogroup of its own, which nice does not reach)."""
+    model = PoolingModel(read_model_folder(model_dir), threads=1)
+    compilation = Compilation(model, tmp_path, 60.0)
+    compilation.start()
+    worker = compilation.worker
+    assert worker is not None
+    try:
+        assert os.getpgid(worker.pid) == worker.pid != os.getpgid(0)
+        assert os.getsid(worker.pid) == os.getsid(0)
+    finally:
+        compilation.stop()
+    assert worker.returncode is not None and worker.returncode < 0
+
+
 def test_an_unwritable_cache_leaves_the_engine_eager(tmp_path: Path, model_dir: Path) -> None:
     """A cache folder that cannot be made (here: under a file) is a reason, not a failed start."""
     model = PoolingModel(read_model_folder(model_dir), threads=1)
