@@ -152,6 +152,7 @@ def serve_batches(
                     return
         except (EOFError, OSError):
             return  # the HTTP process is gone: nothing left to serve
+        share.compiling = compilation is not None and compilation.pending
         batch = pending.take(spec.max_batch_tokens, spec.max_batch_size)
         try:
             if batch and not _run_batch(inbox, model, batch, overhead, share, pending):

@@ -29,6 +29,22 @@ def test_working_alone_takes_the_solo_threads_and_beside_another_the_shared() ->
         torch.set_num_threads(threads)
 
 
+def test_an_engine_keeps_to_its_share_while_its_compile_runs() -> None:
+    """Alone, but with its compile worker running: the shared count; the compile done: solo again."""
+    threads = torch.get_num_threads()
+    try:
+        share = ThreadShare([0.0, 0.0], slot=1, shared=1, solo=2)
+        share.compiling = True
+        share.working()
+        assert torch.get_num_threads() == 1
+        share.idle()
+        share.compiling = False
+        share.working()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_an_engine_idle_for_less_than_the_solo_wait_still_counts_as_working() -> None:
     """Another engine that went idle just now keeps this one at its share (under load engines pass
     each other between groups); once it has been idle SOLO_AFTER_S, this one takes every core."""
