@@ -370,6 +370,15 @@ class SettingFields(ServiceFields):
     compile_timeout: float = Field(
         900.0, gt=0, description="Seconds a compile may take; past it the compile is killed and the engine stays eager."
     )
+    compile_nice: int = Field(
+        19,
+        ge=0,
+        le=19,
+        description=(
+            "Niceness of the compile worker (at least the engine's): at 19 it takes the cycles serving leaves,"
+            " and other busy work on the machine can starve it; lower it for the compile to get a share."
+        ),
+    )
     read_timeout: float = Field(
         30.0,
         gt=0,

@@ -97,6 +97,7 @@ class EngineSpec:
     compile: str = "off"  # auto, off or required (common.settings.Settings.compile)
     compile_cache: Path | None = None
     compile_timeout_s: float = 900.0
+    compile_nice: int = 19
     # PEFT LoRA adapters (name, folder) of this model, loaded at the engine's start (engine/layers/lora.py);
     # those loaded at run time come as an ADAPTERS message, the first one sent when the engine attaches
     adapters: tuple[tuple[str, Path], ...] = ()

@@ -123,6 +123,7 @@ def _compile(conn: Connection, model: PoolingModel, spec: EngineSpec) -> tuple[C
         spec.compile_cache,
         spec.compile_timeout_s,
         lambda detail: send(conn, (Msg.COMPILE, detail)),
+        spec.compile_nice,
     )
 
 

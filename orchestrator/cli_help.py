@@ -54,6 +54,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "compile",
         "compile_cache",
         "compile_timeout",
+        "compile_nice",
         "executor_threads",
         "max_restarts",
         "restart_window",

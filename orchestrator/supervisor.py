@@ -123,6 +123,7 @@ class EngineSupervisor:
             compile=self.settings.compile,
             compile_cache=self.settings.compile_cache,
             compile_timeout_s=self.settings.compile_timeout,
+            compile_nice=self.settings.compile_nice,
             adapters=self.settings.adapter_folders,
             adapters_refusable=self.served,  # the set was read whole once: a re-fork serves what it can
         )

@@ -47,6 +47,7 @@ def begin(
     cache: Path | None,
     timeout_s: float,
     waiting: Callable[[dict[str, Any]], None] = lambda detail: None,
+    nice: int = 19,
 ) -> tuple[Compilation | None, dict[str, Any]]:
     """A model's compilation under a WARMPOOL_COMPILE `mode` (auto, off, required), started; where there is
     none, None and why not. Under `required`, finished (`waiting` told first when it must be built): the
@@ -59,7 +60,7 @@ def begin(
         if mode == "required":
             raise ModelError(f"WARMPOOL_COMPILE=required, but {reason} (this one: {_kind(model)})")
         return None, {"mode": "eager", "reason": reason}
-    compilation = Compilation(model, cache, timeout_s)
+    compilation = Compilation(model, cache, timeout_s, nice)
     compilation.start()
     if mode == "required" and compilation.pending:
         waiting(compilation.detail)
@@ -76,8 +77,9 @@ def _kind(model: PoolingModel) -> str:
 class Compilation:
     """The compiled forward of one engine's model, on its way: `detail` says where it stands."""
 
-    def __init__(self, model: PoolingModel, cache: Path, timeout_s: float) -> None:
+    def __init__(self, model: PoolingModel, cache: Path, timeout_s: float, nice: int = 19) -> None:
         self.model = model
+        self.nice = nice
         self.cache = cache
         self.timeout_s = timeout_s
         self.worker: subprocess.Popen[bytes] | None = None
@@ -122,6 +124,7 @@ class Compilation:
             self.model.placement.precision,
             str(artifact),
             str(os.getpid()),
+            str(self.nice),
         ]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
         # the worker's output, for the reason a failed compile gives: unnamed, gone with the engine

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -221,6 +222,10 @@ def test_the_worker_is_a_process_group_of_its_own_in_the_engines_session(tmp_pat
     try:
         assert os.getpgid(worker.pid) == worker.pid != os.getpgid(0)
         assert os.getsid(worker.pid) == os.getsid(0)
+        deadline = time.monotonic() + 30
+        while os.getpriority(os.PRIO_PROCESS, worker.pid) != 19 and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the worker has set its own niceness (its first statement)
+        assert os.getpriority(os.PRIO_PROCESS, worker.pid) == 19
     finally:
         compilation.stop()
     assert worker.returncode is not None and worker.returncode < 0
