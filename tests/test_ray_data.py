@@ -27,7 +27,11 @@ def local_ray() -> Iterator[Any]:
         log_to_driver=False,
         runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
     )
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    # Ray Data hands blocks on as they finish unless told to keep the dataset's order (a block held
+    # up on a busy machine came out after the next one): what a pipeline that needs its order sets
+    context.execution_options.preserve_order = True
     try:
         yield ray
     finally:
