@@ -37,6 +37,7 @@ SERVED = {"long_inputs": "truncate", "served_model_name": "m"}  # TEXTS' long on
 # The compile worker and engines at nice 0, not 19 and 5: beside make test's other workers a nice-19
 # compile gets almost no CPU (a cold-cache server test took 211 s instead of 33 s).
 COMPILE_NICE = 0
+COMPILING = {"engines": 2, "compile_nice": COMPILE_NICE, "engine_nice": 0, **SERVED}  # the servers that compile
 COMPILE_S = 300  # a tiny model compiles in 15-30 s on 2 cores; the deadline is for a loaded machine
 
 
@@ -79,16 +80,7 @@ def test_a_cold_cache_serves_eager_at_once_then_switches_under_load(
     switch; then the compile phase is done with every engine compiled, and the metric says so."""
     folder = tiny["gte"]
     expected = normalize(eager_answers(folder))
-    with serving(
-        folder,
-        tmp_path / "cold.log",
-        compile="auto",
-        compile_cache=cache,
-        engines=2,
-        compile_nice=COMPILE_NICE,
-        engine_nice=0,
-        **SERVED,
-    ) as proc:
+    with serving(folder, tmp_path / "cold.log", compile="auto", compile_cache=cache, **COMPILING) as proc:
         phase = proc.phase("compile")
         assert phase["state"] == "running" and {d["mode"] for d in phase["detail"]["engines"].values()} == {"eager"}
         answers, failures, done = [0], [], threading.Event()
@@ -127,16 +119,7 @@ def test_a_warm_cache_serves_compiled_from_the_first_request(tiny: TinyFolders, 
     """On the next start with the same cache, every engine up when readiness first answers 200 has
     loaded the artifact (a cache hit) and serves compiled: the compile phase is done; so is the
     second engine once it is up."""
-    with serving(
-        tiny["gte"],
-        tmp_path / "warm.log",
-        compile="auto",
-        compile_cache=cache,
-        engines=2,
-        compile_nice=COMPILE_NICE,
-        engine_nice=0,
-        **SERVED,
-    ) as proc:
+    with serving(tiny["gte"], tmp_path / "warm.log", compile="auto", compile_cache=cache, **COMPILING) as proc:
         phase = proc.phase("compile")
         engines = phase["detail"]["engines"]
         assert phase["state"] == "done" and {(d["mode"], d["cache"]) for d in engines.values()} == {("compiled", "hit")}
