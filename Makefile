@@ -12,10 +12,9 @@ STAMP := $(VENV)/.installed
 # pytest its assert-rewritten test modules, in __pycache__ (git ignores it) even where the shell sets
 # PYTHONDONTWRITEBYTECODE: each one compiled them all again, ~3 s CPU a pytest process.
 TEST_ENV := HF_HUB_OFFLINE=1 PYTHONDONTWRITEBYTECODE=
-# make test runs three pytest workers on two cores (the process tests wait on their servers: two kept
-# the cores 82% busy, 348 s; three 301 s on a 2-core Zen 4), then the tests marked `alone` (a fixed
-# load on both cores) by themselves
-TEST_WORKERS ?= 3
+# make test runs two pytest workers (the process tests wait on servers about half the time), then
+# the tests marked `alone` (a fixed load on both cores) by themselves
+TEST_WORKERS ?= 2
 # The alone pass collects only the files holding `alone` tests (tests/conftest.py refuses an `alone`
 # test whose file does not say pytest.mark.alone): collecting all ~1,770 tests, and their imports,
 # to select 9 took ~23 s of its ~100.

@@ -16,7 +16,7 @@ from tests.tiny_models import TinyFolders
 DEFAULT_SETTINGS.setdefault("cache_bytes", "0")
 
 os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"})
-# make test's workers share two cores: an OpenMP thread that spins after each parallel region
+# make test's two workers share two cores: an OpenMP thread that spins after each parallel region
 # (libgomp's default) takes a core from the other worker, or from its own sibling thread still
 # computing. Read by libgomp when torch first loads it, which is after this (here and in every process
 # the tests start). The policy decides what an idle thread does, never how work is split: a 2-thread
@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test` runs pytest-xdist workers (three): a file's tests go to one worker together, in order,
+    """`make test` runs two pytest-xdist workers: a file's tests go to one worker together, in order,
     sharing its module's servers (the zoo, the compile cache), but for SPREAD's; units leave in the
     collection order above, not by size."""
     from xdist.scheduler import LoadScopeScheduling
