@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch._inductor import codecache
 
 from common.modelfolder import read_model_folder
 from common.wire import Tokens
@@ -47,11 +48,17 @@ TEXTS = [
 
 
 @pytest.fixture(autouse=True, scope="module")
-def precompiled_headers() -> Iterator[None]:
-    """This file builds nine packages in one process: inductor's precompiled headers (in its /tmp
-    cache, built once for the run) save ~3 s of each (engine/compiling/package.py)."""
+def precompiled_headers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This file builds nine packages in one process: inductor's precompiled headers (~300 MB,
+    built once for the run in a cache of its own, removed with the run's tmp folders) save ~3 s of
+    each (engine/compiling/package.py)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(compiled_package, "PRECOMPILED_HEADERS", True)
+        cache = tmp_path_factory.mktemp("inductor")
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+        # inductor puts its headers in its default cache whatever the variable says (read at import)
+        patch.setattr(codecache, "_HEADER_DIR", str(cache / "precompiled_headers"))
+        patch.setattr(codecache, "_HEADER_LOCK_DIR", str(cache / "precompiled_headers" / "locks"))
         yield
 
 
