@@ -41,12 +41,12 @@ def test_an_interactive_request_overtakes_a_bulk_flood(one_engine: ServerProcess
         with lock:
             finished.append(name)
 
-    bulk = [{"input": [text(i * 64 + j) for j in range(64)], "priority": 1} for i in range(8)]
+    bulk = [{"input": [text(i * 32 + j) for j in range(32)], "priority": 1} for i in range(8)]
     with ThreadPoolExecutor(9) as pool:
         floods = [pool.submit(post, f"bulk{i}", body, {}) for i, body in enumerate(bulk)]
 
         def queued() -> bool:  # at least 7 of the 8 bulk requests wait: the urgent one overtakes 4 with room
-            return one_engine.get("/status").json()["queue_depth"] >= 7 * 64
+            return one_engine.get("/status").json()["queue_depth"] >= 7 * 32
 
         wait_for(queued, 60, "the bulk inputs queued")
         urgent = pool.submit(post, "urgent", {"input": "where is my answer"}, {"x-priority": "0"})
