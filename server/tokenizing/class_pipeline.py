@@ -72,19 +72,33 @@ def load_as_built(folder: Path, path: Path) -> Tokenizer:
     name = tokenizer_class(folder)
     build = BUILDS.get(name or "")
     try:
-        spec = None if build is None else json.loads(path.read_text(encoding="utf-8"))
+        text = None if build is None else path.read_text(encoding="utf-8")
+        spec = None if text is None else json.loads(text)
         model = {} if spec is None else spec.get("model") or {}
-        if build is None or spec is None or _model_kind(model) != build.model:
+        if build is None or text is None or spec is None or _model_kind(model) != build.model:
             return Tokenizer.from_file(str(path))
         settings = {**read_json(folder / "special_tokens_map.json"), **read_json(folder / "tokenizer_config.json")}
-        model.update(build.model_settings(settings))
-        tokenizer = Tokenizer.from_str(json.dumps(spec))
+        tokenizer = _with_model_settings(text, spec, build.model_settings(settings))
         build.pipeline(tokenizer, spec, settings)
         return tokenizer
     except ModelError:
         raise
     except Exception as exc:  # the tokenizers library raises bare Exceptions
         raise ModelError(f"cannot load tokenizer {path}: {exc}") from exc
+
+
+def _with_model_settings(text: str, spec: dict[str, Any], wanted: dict[str, Any]) -> Tokenizer:
+    """The file's tokenizer with its model's settings as the class passes them: set on the loaded
+    model where tokenizers lets (BPE, WordPiece); else the file written again with them (Unigram), which
+    for a large vocabulary costs tens of milliseconds of JSON."""
+    model = spec.get("model") or {}
+    changed = {k: v for k, v in wanted.items() if k not in model or model[k] != v}
+    tokenizer = Tokenizer.from_str(text)
+    if all(hasattr(tokenizer.model, k) for k in changed):
+        for key, value in changed.items():
+            setattr(tokenizer.model, key, value)
+        return tokenizer
+    return Tokenizer.from_str(json.dumps({**spec, "model": {**model, **wanted}}))
 
 
 @dataclass(frozen=True)
