@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 BERT_TARGETS = ("query", "key", "value", "attention.output.dense", "intermediate.dense", "output.dense")
 
@@ -34,7 +35,7 @@ def build_adapter(dest: Path, base: Path, seed: int, encoder: str = "SentenceTra
     """A PEFT folder (adapter_config.json, adapter_model.safetensors) of a LoRA adapter on `base`, a folder
     sentence-transformers' `encoder` class loads."""
     _, peft_model = _with_lora(base, seed, {"r": 4, "lora_alpha": 8, **config}, encoder)
-    peft_model.save_pretrained(str(dest))
+    save_adapter(peft_model, dest)
     return dest
 
 
@@ -89,7 +90,7 @@ def build_head_adapter(dest: Path, base: Path, seed: int, **config: Any) -> Path
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
             elif "modules_to_save" in name:
                 param.add_(torch.randn(param.shape, generator=generator) * 0.5)
-    peft_model.save_pretrained(str(dest))
+    save_adapter(peft_model, dest)
     return dest
 
 
@@ -127,3 +128,9 @@ def text_reference(base: Path, adapter: Path | None, texts: list[str], pairs: li
     batch = AutoTokenizer.from_pretrained(str(base))(texts, pairs, padding=True, return_tensors="pt")
     with torch.no_grad():
         return _classifier(base, adapter)(**batch).logits.double().numpy()
+
+
+def save_adapter(peft_model: Any, dest: Path) -> None:
+    """PEFT's save_pretrained without the README model card it renders each time (~40 ms of jinja)."""
+    with mock.patch.object(type(peft_model), "create_or_update_model_card", lambda self, output_dir: None):
+        peft_model.save_pretrained(str(dest))
