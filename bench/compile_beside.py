@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bench.coldstart import big_model, kill_recovery
 from bench.common import MODEL
+from common.wire import COMPILE_NICE
 from tests.server_process import ServerProcess
 
 
@@ -34,7 +35,16 @@ def worker_seconds(folder: Path, cache: Path, name: str) -> float:
     """One compile by the real worker into `cache` (this process stands in for its engine)."""
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "engine.compiling.worker", str(folder), "float32", str(cache / name), str(os.getpid())],
+        [
+            sys.executable,
+            "-m",
+            "engine.compiling.worker",
+            str(folder),
+            "float32",
+            str(cache / name),
+            str(os.getpid()),
+            str(COMPILE_NICE),
+        ],
         capture_output=True,
         text=True,
     )

@@ -14,6 +14,7 @@ from pydantic_settings import SettingsConfigDict
 
 from common.cpus import usable_cpus
 from common.service_fields import BUDGET_PATTERN, ServiceFields
+from common.wire import COMPILE_NICE
 
 
 class SettingFields(ServiceFields):
@@ -371,7 +372,7 @@ class SettingFields(ServiceFields):
         900.0, gt=0, description="Seconds a compile may take; past it the compile is killed and the engine stays eager."
     )
     compile_nice: int = Field(
-        19,
+        COMPILE_NICE,
         ge=0,
         le=19,
         description=(

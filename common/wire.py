@@ -34,6 +34,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
 
+# The compile worker's niceness where WARMPOOL_COMPILE_NICE says nothing: the cycles serving leaves
+COMPILE_NICE = 19
+
 
 class Msg:
     SUBMIT = "submit"
@@ -97,7 +100,7 @@ class EngineSpec:
     compile: str = "off"  # auto, off or required (common.settings.Settings.compile)
     compile_cache: Path | None = None
     compile_timeout_s: float = 900.0
-    compile_nice: int = 19
+    compile_nice: int = COMPILE_NICE
     # PEFT LoRA adapters (name, folder) of this model, loaded at the engine's start (engine/layers/lora.py);
     # those loaded at run time come as an ADAPTERS message, the first one sent when the engine attaches
     adapters: tuple[tuple[str, Path], ...] = ()

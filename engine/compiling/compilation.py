@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from common.folderjson import ModelError
-from common.wire import Tokens
+from common.wire import COMPILE_NICE, Tokens
 from engine.compiling.artifacts import crashed_loading, loading, quarantine
 from engine.compiling.package import CompiledForward, CompileError, cache_key
 from engine.layers.packed import Packed
@@ -47,7 +47,7 @@ def begin(
     cache: Path | None,
     timeout_s: float,
     waiting: Callable[[dict[str, Any]], None] = lambda detail: None,
-    nice: int = 19,
+    nice: int = COMPILE_NICE,
 ) -> tuple[Compilation | None, dict[str, Any]]:
     """A model's compilation under a WARMPOOL_COMPILE `mode` (auto, off, required), started; where there is
     none, None and why not. Under `required`, finished (`waiting` told first when it must be built): the
@@ -77,7 +77,7 @@ def _kind(model: PoolingModel) -> str:
 class Compilation:
     """The compiled forward of one engine's model, on its way: `detail` says where it stands."""
 
-    def __init__(self, model: PoolingModel, cache: Path, timeout_s: float, nice: int = 19) -> None:
+    def __init__(self, model: PoolingModel, cache: Path, timeout_s: float, nice: int = COMPILE_NICE) -> None:
         self.model = model
         self.nice = nice
         self.cache = cache

@@ -1,10 +1,9 @@
 """The compile worker: builds one model's compiled artifact into the cache, in a process of its own.
 
-`python -m engine.compiling.worker FOLDER PRECISION ARTIFACT_DIR ENGINE_PID [NICE]`. An engine starts it
-when the cache misses and keeps serving eager meanwhile; the worker runs at WARMPOOL_COMPILE_NICE
-(19 by default, the lowest CPU priority), so its tens of seconds of tracing and C++ compiling take
-only the cycles serving leaves, and it dies with the
-engine that started it. Engines of one model start one each: the first takes the artifact's lock
+`python -m engine.compiling.worker FOLDER PRECISION ARTIFACT_DIR ENGINE_PID NICE`. An engine starts it
+when the cache misses and keeps serving eager meanwhile; the worker runs at WARMPOOL_COMPILE_NICE (19
+by default, the lowest CPU priority), so its tens of seconds of tracing and C++ compiling take only
+the cycles serving leaves, and it dies with the engine that started it. Engines of one model start one each: the first takes the artifact's lock
 and builds, the others wait on the lock and find the artifact built. The artifact appears whole or
 not at all (built beside it, then renamed), with its files' checksums (engine/compiling/artifacts.py), and
 only once this worker has loaded and run it.
@@ -30,8 +29,8 @@ PROBES = "isa-probes"  # in the cache: the C++ compiler's checks of this CPU's v
 
 
 def main(argv: list[str]) -> int:
-    folder, precision, artifact, engine = Path(argv[0]), argv[1], Path(argv[2]), int(argv[3])
-    nice = int(argv[4]) if len(argv) > 4 else 19  # WARMPOOL_COMPILE_NICE; never below the engine's
+    folder, precision, artifact, engine, nice = Path(argv[0]), argv[1], Path(argv[2]), int(argv[3]), int(argv[4])
+    # WARMPOOL_COMPILE_NICE, never below the engine's own
     os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
     # die with the engine that started this: a compile outliving its engine is work nobody waits for
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
