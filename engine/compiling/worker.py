@@ -3,10 +3,10 @@
 `python -m engine.compiling.worker FOLDER PRECISION ARTIFACT_DIR ENGINE_PID NICE`. An engine starts it
 when the cache misses and keeps serving eager meanwhile; the worker runs at WARMPOOL_COMPILE_NICE (19
 by default, the lowest CPU priority), so its tens of seconds of tracing and C++ compiling take only
-the cycles serving leaves, and it dies with the engine that started it. Engines of one model start one each: the first takes the artifact's lock
-and builds, the others wait on the lock and find the artifact built. The artifact appears whole or
-not at all (built beside it, then renamed), with its files' checksums (engine/compiling/artifacts.py), and
-only once this worker has loaded and run it.
+the cycles serving leaves, and it dies with the engine that started it. Engines of one model start
+one each: the first takes the artifact's lock and builds, the others wait on the lock and find the
+artifact built. The artifact appears whole or not at all (built beside it, then renamed), with its
+files' checksums (engine/compiling/artifacts.py), and only once this worker has loaded and run it.
 """
 
 from __future__ import annotations
