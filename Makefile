@@ -53,7 +53,7 @@ serve: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) -m orchestrator
 
 test: $(STAMP) $(MODEL_DIR)/config.json chromium redis-server
-	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --durations=15 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone" --durations=15 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS)
 	$(TEST_ENV) $(PY) -m pytest -q -m alone --durations=5 --ignore=tests/container --ignore=tests/real_checkpoints $(PYTEST_ARGS) $(ALONE_FILES) || [ $$? = 5 ]
 
 # tests/test_status_page.py drives Debian's headless chromium: installed here where it is missing (as root).

@@ -27,9 +27,14 @@ IN_PROCESS = tuple(Path(__file__).parent / layer for layer in ("unit", "app", "r
 
 
 # The longest files (make test's --durations), sent first to the parallel workers so they end together.
-LONGEST = ("tests/test_compiled_engine.py", "tests/test_lifecycle.py", "tests/test_on_demand.py")
-# Files whose tests share no fixture but the session's: each test a unit of work of its own.
-SPREAD = ("tests/test_compiled_forward.py",)
+# test_compiled_forward.py (~150 s) is one unit too, though its tests share no fixture: a process's
+# first compile pays ~20 s for inductor's vector-instruction probes and precompiled headers.
+LONGEST = (
+    "tests/test_compiled_forward.py",
+    "tests/test_compiled_engine.py",
+    "tests/test_lifecycle.py",
+    "tests/test_on_demand.py",
+)
 # How make test's alone pass finds its files (the Makefile's ALONE_FILES, a grep): an `alone` test in a
 # file without it would run in neither pass.
 ALONE_MARK = "pytest.mark.alone"
@@ -54,17 +59,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`make test` runs two pytest-xdist workers: a file's tests go to one worker together, in order,
-    sharing its module's servers (the zoo, the compile cache), but for SPREAD's; units leave in the
-    collection order above, not by size."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByFile(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::")[0]
-            return nodeid if file in SPREAD else file
+    sharing its module's servers (the zoo, the compile cache); units leave in the collection order
+    above, not by size."""
+    from xdist.scheduler import LoadFileScheduling
 
     config.option.loadscopereorder = False
-    return ByFile(config, log)
+    return LoadFileScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Every native family's compiled forward gives the eager engine's numbers: packages built in this
 process, as the compile worker builds them, then run on the engine's own weights (the servers that
-run the worker itself: test_compiled_engine.py). One pytest worker runs them all (`make test` runs
-`--dist loadgroup`): each process first pays ~20 s for inductor's probes and precompiled headers."""
+run the worker itself: test_compiled_engine.py). One pytest worker runs them all, as it does any
+file's tests (tests/conftest.py): each process first pays ~20 s for inductor's probes and headers."""
 
 from __future__ import annotations
 
@@ -37,8 +37,6 @@ pytestmark = pytest.mark.slow
 # those): every graph the exporter meets, heads and attention variants included (the classifier
 # heads, MPNet's bias, ModernBERT's and Gemma 3's band, Gemma 3's grouped heads and embedding scale,
 # Qwen3's causal mask and yes/no score, SPLADE's masked-LM head and vocabulary pooling over BERT)
-pytestmark = pytest.mark.xdist_group("inductor")
-
 FAMILIES = ["xlm-roberta-reranker", "mpnet", "modernbert-reranker", "embeddinggemma", "qwen3-reranker", "splade"]
 TEXTS = [
     "",
