@@ -72,10 +72,11 @@ def load_as_built(folder: Path, path: Path) -> Tokenizer:
     name = tokenizer_class(folder)
     build = BUILDS.get(name or "")
     try:
-        text = None if build is None else path.read_text(encoding="utf-8")
-        spec = None if text is None else json.loads(text)
-        model = {} if spec is None else spec.get("model") or {}
-        if build is None or text is None or spec is None or _model_kind(model) != build.model:
+        if build is None:
+            return Tokenizer.from_file(str(path))
+        text = path.read_text(encoding="utf-8")
+        spec = json.loads(text)
+        if _model_kind(spec.get("model") or {}) != build.model:
             return Tokenizer.from_file(str(path))
         settings = {**read_json(folder / "special_tokens_map.json"), **read_json(folder / "tokenizer_config.json")}
         tokenizer = _with_model_settings(text, spec, build.model_settings(settings))
