@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from common.folderjson import ModelError, read_json
 
@@ -79,7 +79,7 @@ def load_as_built(folder: Path, path: Path) -> Tokenizer:
         if _model_kind(spec.get("model") or {}) != build.model:
             return Tokenizer.from_file(str(path))
         settings = {**read_json(folder / "special_tokens_map.json"), **read_json(folder / "tokenizer_config.json")}
-        tokenizer = _with_model_settings(text, spec, build.model_settings(settings))
+        tokenizer = _with_model_settings(text, spec, build.model, build.model_settings(settings))
         build.pipeline(tokenizer, spec, settings)
         return tokenizer
     except ModelError:
@@ -88,18 +88,18 @@ def load_as_built(folder: Path, path: Path) -> Tokenizer:
         raise ModelError(f"cannot load tokenizer {path}: {exc}") from exc
 
 
-def _with_model_settings(text: str, spec: dict[str, Any], wanted: dict[str, Any]) -> Tokenizer:
-    """The file's tokenizer with its model's settings as the class passes them: set on the loaded
-    model where tokenizers lets (BPE, WordPiece); else the file written again with them (Unigram), which
-    for a large vocabulary costs tens of milliseconds of JSON."""
+def _with_model_settings(text: str, spec: dict[str, Any], kind: str, wanted: dict[str, Any]) -> Tokenizer:
+    """The file's tokenizer with its `kind` of model's settings as the class passes them: set on the
+    loaded model where tokenizers has setters (BPE, WordPiece); else the file written again with them
+    (Unigram), which for a large vocabulary costs tens of milliseconds of JSON. Parsed once either way."""
     model = spec.get("model") or {}
     changed = {k: v for k, v in wanted.items() if k not in model or model[k] != v}
+    if not all(hasattr(getattr(models, kind), k) for k in changed):
+        return Tokenizer.from_str(json.dumps({**spec, "model": {**model, **wanted}}))
     tokenizer = Tokenizer.from_str(text)
-    if all(hasattr(tokenizer.model, k) for k in changed):
-        for key, value in changed.items():
-            setattr(tokenizer.model, key, value)
-        return tokenizer
-    return Tokenizer.from_str(json.dumps({**spec, "model": {**model, **wanted}}))
+    for key, value in changed.items():
+        setattr(tokenizer.model, key, value)
+    return tokenizer
 
 
 @dataclass(frozen=True)
