@@ -52,22 +52,18 @@ def preload_weights(models: list[Settings]) -> list[str]:
     """The forkserver also builds the native models of CPU engines before forking any, so that every
     engine and every re-fork shares one copy of their weights (engine/runtime/preloaded.py): [WEIGHTS] to add
     to the preload, with [folder, dtype, GEMM records' folder] in its environment; [] when no model
-    qualifies. Eager engines' models get their GEMM backend chosen there (engine/precision/gemm.py:
-    records kept in the compile cache's folder); compiled ones none ("")."""
+    qualifies. The models get their GEMM backend chosen there (engine/precision/gemm.py: records kept
+    in the compile cache's folder), for eager and compiled engines alike."""
     # the dtype by engine.runtime.device.place's rule for the CPU
     entries = [
-        [str(m.model_path), "float32" if m.dtype == "auto" else m.dtype, gemm_records(m)] for m in models if _builds(m)
+        [str(m.model_path), "float32" if m.dtype == "auto" else m.dtype, str(m.compile_cache)]
+        for m in models
+        if _builds(m)
     ]
     if not entries:
         return []
     os.environ[FORKSERVER_MODELS_ENV] = json.dumps(entries)  # the forkserver inherits this process's environment
     return [WEIGHTS]
-
-
-def gemm_records(m: Settings) -> str:
-    """Where an eager engine's GEMM backend choices are kept (the compile cache); "" for compiled
-    engines, whose graph runs its own products."""
-    return str(m.compile_cache) if m.compile == "off" else ""
 
 
 def _builds(m: Settings) -> bool:

@@ -26,6 +26,7 @@ from engine.compiling import package as compiled_package
 from engine.compiling.compilation import AGREE
 from engine.compiling.package import CompiledForward, build_package
 from engine.layers.packed import Packed
+from engine.precision import gemm
 from engine.runtime.device import cpu_has, cpu_has_int8, place
 from engine.runtime.model import PoolingModel
 from server.tokenizing.tokenizer import TokenizerPool
@@ -127,3 +128,23 @@ def test_a_compiled_forward_gives_an_input_the_same_bits_alone_and_in_any_group(
             at = rng.randint(0, size)
             got = model.forward([*others[:at], probe, *others[at:]])[at]
             assert got.tobytes() == alone, f"a {length}-token input beside {size} others"
+
+
+def test_a_package_on_onednns_packed_weights_answers_as_the_eager_engine_on_mkl(
+    tiny: TinyFolders, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where oneDNN is chosen for this CPU (engine/precision/gemm.py; chosen here whatever this CPU
+    prefers), the package's projections run on the packed copies through the stand-ins it is handed
+    by name: within 1e-5 of the eager engine on MKL, and an input's bits the same alone and in a group."""
+    monkeypatch.setattr(gemm, "measure", lambda k, n: "onednn")
+    folder = tiny["bert"]
+    mkl = eager_answers(folder)
+    model = PoolingModel(read_model_folder(folder), threads=2, gemm_records=tmp_path / "records")
+    assert "oneDNN packed" in model.weights["gemm"]
+    build_package(model.model, Packed.of([Tokens([5] * n) for n in (3, 5, 9)]), tmp_path / "artifact")
+    model.compiled = CompiledForward(tmp_path / "artifact", model.model, tmp_path / "unpacked")
+    np.testing.assert_allclose(eager_answers(folder, model), mkl, atol=1e-5, rtol=1e-6)
+    probe = Tokens([7, 11, 13])
+    alone = model.forward([probe])[0].tobytes()
+    others = [Tokens([9] * n) for n in (1, 30, 17)]
+    assert model.forward([*others, probe])[3].tobytes() == alone

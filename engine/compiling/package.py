@@ -26,6 +26,7 @@ from torch import nn
 
 from engine.compiling.artifacts import CorruptArtifact, verify, write_manifest
 from engine.layers.packed import Packed
+from engine.precision import gemm
 from engine.runtime.device import cpu_class
 
 PACKAGE = "model.pt2"
@@ -108,6 +109,7 @@ def build_package(model: nn.Module, sample: Packed, out: Path) -> None:
     global _FAKE_REGISTERED
     if not _FAKE_REGISTERED:
         torch.library.register_fake("warmpool::attend", _attend_shape)
+        torch.library.register_fake("warmpool::linear", gemm.linear_shape)
         _FAKE_REGISTERED = True
     tokens = torch.export.Dim("tokens", min=1, max=1 << 20)
     inputs = torch.export.Dim("inputs", min=1, max=1 << 16)

@@ -1,26 +1,30 @@
-"""Which GEMM backend an eager CPU engine's float32 layer projections run on: MKL (nn.Linear's sgemm)
-or oneDNN on a weight packed once, chosen per CPU class by measuring both on the model's shapes.
+"""Which GEMM backend a CPU engine's float32 layer projections run on: MKL (nn.Linear's sgemm) or
+oneDNN on a weight packed once, chosen per CPU class by measuring both on the model's shapes.
 
-On 2 cores of an AMD EPYC Zen 4 (torch 2.13: MKL 2024.2, oneDNN 3.x; bench.gemm) MKL takes a generic
-path on this AMD CPU and its knobs (MKL_ENABLE_INSTRUCTIONS; MKL_DEBUG_CPU_TYPE, ignored) did not
-help, while oneDNN's AVX-512 kernels on a packed weight ran all-MiniLM-L6-v2's projections
-1.07-1.76x faster in every (shape, rows) cell measured, 8 to 2048 rows (docs/operations/gemm.md).
-Which wins depends on the CPU, so it is measured, not assumed: per projection shape (in, out), each
-backend at PROBE_ROWS rows, best of a few calls (tens of ms a model, when it is built: never on the
-request path); oneDNN where it took less time over them. The choice is kept in a record beside the
-compile cache, keyed as its artifacts are (torch, the CPU's instruction set, precision): the next
-start reads it, another CPU class misses and measures again.
+MKL takes a generic path on AMD CPUs and its knobs (MKL_ENABLE_INSTRUCTIONS; MKL_DEBUG_CPU_TYPE,
+ignored) do not help, while oneDNN's AVX-512 kernels on a packed weight ran all-MiniLM-L6-v2's
+projections 1.07-1.76x faster on 2 cores of a Zen 4 and 2.2-2.6x on a Zen 5, in every (shape, rows)
+cell measured, 8 to 2048 rows (bench.gemm; docs/operations/gemm.md). Which wins depends on the CPU,
+so it is measured, not assumed: per projection shape (in, out), each backend at PROBE_ROWS rows,
+best of a few calls (tens of ms a model, when it is built: never on the request path); oneDNN where
+it took less time over them. The choice is kept in a record beside the compile cache, keyed as its
+artifacts are (torch, the CPU's instruction set, precision): the next start reads it, another CPU
+class misses and measures again.
 
-The packed weight replaces the plain one (built where the model is built: in the forkserver, one copy
-for every engine). oneDNN builds and keeps a kernel per row count: below FLOAT32_EXACT_FROM rows they
-go on a multiple of ROW_STEP (at most 15 zero rows: 15 kernels a shape), from it as they are, since
-the copy padding makes of a large group's input cost more than oneDNN gains (32 inputs of ~20 tokens:
-0.97x MKL's speed padded, 1.22x not; groups of 256-511 rows each new to the caches still 1.07x), and
-its caches are capped (engine/precision/rows.py): an engine's memory stays bounded whatever the
+Every such projection is a PackedLinear: an nn.Linear whose product is one operator,
+warmpool::linear, in eager engines and in compiled graphs alike (a compiled graph would otherwise
+run MKL's addmm: 0.6x the eager engine's speed on the Zen 5). Where oneDNN is chosen, the packed
+weight is made where the model is built (in the forkserver: one copy for every engine) and kept in
+PACKED under the address of the tensor that takes the plain weight's place: one element, broadcast
+to the weight's shape, so that the parameter keeps its name, shape and dtype (a compiled package
+is handed the model's tensors by name) and the model holds no second copy. oneDNN builds and keeps
+a kernel per row count: below FLOAT32_EXACT_FROM rows they go on a multiple of ROW_STEP (at most 15
+zero rows: 15 kernels a shape), from it as they are, since the copy padding makes of a large group's
+input cost more than oneDNN gains (32 inputs of ~20 tokens: 0.97x MKL's speed padded, 1.22x not),
+and its caches are capped (engine/precision/rows.py): an engine's memory stays bounded whatever the
 lengths. Its rows keep their bits whatever the count from 2 rows (bench.gemm: none of 2-64, ...,
 511 differ inside a 2048-row product, where MKL's few-row products do), so a text's vector is the
-same alone and in any group. A compiled engine runs the graph's own products (MKL's): the choice is
-for eager engines (WARMPOOL_COMPILE=off).
+same alone and in any group.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import hashlib
 import json
 import os
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -36,35 +41,81 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.precision.rows import FLOAT32_EXACT_FROM, ROW_STEP, RowBucketed, cap_kernel_caches
-from engine.runtime.device import cpu_class
+from engine.precision.rows import FLOAT32_EXACT_FROM, ROW_STEP, cap_kernel_caches, layer_projections
+from engine.runtime.device import Placement, cpu_class
 
 PROBE_ROWS = (16, 64, 384)  # a short input, a few, a packed group (engine.runtime.batching.GROUP_TOKENS)
 PROBE_CALLS = 3  # per backend and row count: the best of them
 PACK_ROWS = 384  # the rows oneDNN picks the packed layout for: a packed group's
 RECORDS = "gemm"  # the records' folder in the compile cache
 BACKENDS = ("mkl", "onednn")
+LINEAR_SCHEMA = "linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor"
+
+# the address of the tensor standing in a packed projection's weight -> (that tensor, kept so that
+# no other takes its address while the entry lives; oneDNN's packed copy of the weight)
+PACKED: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-class OneDnnLinear(nn.Module):
-    """y = x W^T + b on oneDNN, with W reordered once into the blocked layout its kernel reads."""
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T + b: on oneDNN's packed copy of `weight` if one was made (pack()), else nn.Linear's."""
+    entry = PACKED.get(weight.data_ptr())
+    if entry is None:
+        return F.linear(x, weight, bias)
+    packed = entry[1]
+    rows = x.reshape(-1, x.shape[-1])
+    n = rows.shape[0]
+    if n < FLOAT32_EXACT_FROM and n % ROW_STEP:  # a kernel per count: few counts below it
+        rows = F.pad(rows, (0, 0, 0, (-n) % ROW_STEP))
+    out = onednn(rows, packed, bias)[:n]
+    return out.view(*x.shape[:-1], out.shape[-1])
 
-    bias: torch.Tensor | None
 
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        # a buffer: an opaque oneDNN tensor, not a parameter anything trains or saves
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_ROWS))
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+def onednn(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")  # type: ignore[no-any-return]
+
+
+# One operator for a compiled graph (engine/compiling/package.py registers its shape function);
+# the low-level Library API, as warmpool::attend's (engine/layers/encoder.py).
+_LIBRARY = torch.library.Library("warmpool", "FRAGMENT")
+_LIBRARY.define(LINEAR_SCHEMA)
+_LIBRARY.impl("linear", product, "CompositeExplicitAutograd")
+
+
+def linear_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """warmpool::linear's output for the exporter, which traces shapes, not values."""
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+class PackedLinear(nn.Linear):
+    """An nn.Linear (its weight and bias, under their names) whose product is product(): a graph
+    being compiled sees one warmpool::linear, an eager forward calls it directly."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return out.view(*x.shape[:-1], self.out_features)  # type: ignore[no-any-return]
+        if torch.compiler.is_compiling():
+            return torch.ops.warmpool.linear(x, self.weight, self.bias)  # type: ignore[no-any-return]
+        return product(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
+        backend = "oneDNN packed" if self.weight.data_ptr() in PACKED else "MKL"
+        return f"{super().extra_repr()}, {backend}"
+
+
+def route(model: nn.Module, placement: Placement) -> int:
+    """Make the float32 layer projections of a CPU model PackedLinear, in place (their class only:
+    nothing copied, no name changed); the number made. Done wherever the model is built, the
+    compile worker's included, so that the graph it exports has the operator."""
+    if placement.device.type != "cpu" or placement.dtype != torch.float32 or placement.int8:
+        return 0
+    found = projections(model)
+    for linear in found:
+        linear.__class__ = PackedLinear  # a subclass adding no state: the module stays as it was built
+    return len(found)
+
+
+def projections(model: nn.Module) -> list[nn.Linear]:
+    """The layers' projections (engine/precision/rows.py layer_projections: those inside the RowBucketed
+    wrappers float32 gives them too), each once (a stack inside a stack)."""
+    return list({id(child): child for _, _, child in layer_projections(model)}.values())
 
 
 def record_key(precision: str) -> str:
@@ -99,15 +150,14 @@ def choose(shapes: set[tuple[int, int]], precision: str, cache: Path) -> dict[st
 def measure(k: int, n: int) -> str:
     """The faster backend for an [M x k] x [k x n] product with bias, summed over PROBE_ROWS."""
     gen = torch.Generator().manual_seed(0)
-    linear = nn.Linear(k, n)
-    with torch.no_grad():
-        linear.weight.copy_(torch.randn(n, k, generator=gen) / k**0.5)
-    onednn = OneDnnLinear(linear)
+    weight = torch.randn(n, k, generator=gen) / k**0.5
+    bias = torch.randn(n, generator=gen)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
     spent = dict.fromkeys(BACKENDS, 0.0)
     with torch.inference_mode():
         for m in PROBE_ROWS:
             x = torch.randn(m, k, generator=gen)
-            calls = {"mkl": lambda x=x: F.linear(x, linear.weight, linear.bias), "onednn": lambda x=x: onednn(x)}
+            calls = {"mkl": lambda x=x: F.linear(x, weight, bias), "onednn": lambda x=x: onednn(x, packed, bias)}
             for call in calls.values():
                 call()  # first-call costs (oneDNN's kernel for this count) out of the timing
             for name, call in calls.items():
@@ -122,40 +172,32 @@ def _timed(call: Any) -> float:
 
 
 def select(model: nn.Module, precision: str, cache: Path) -> int:
-    """Put the float32 layer projections of `model` on oneDNN where the choice says so, in place; the
-    number moved (none in another precision: bfloat16's run on oneDNN already, int8's on _int_mm)."""
+    """Pack the weights of `model`'s PackedLinear projections whose shape the choice puts on oneDNN;
+    the number packed (none in another precision: bfloat16's run on oneDNN already, int8's on _int_mm)."""
     if precision != "float32" or not torch.backends.mkldnn.is_available():  # a torch built without oneDNN: MKL
         return 0
+    found = [m for m in model.modules() if isinstance(m, PackedLinear) and m.weight.data_ptr() not in PACKED]
+    if not found:
+        return 0
     cap_kernel_caches()  # before oneDNN's first use in this process, which measuring may be
-    found = _wrapped(model)
-    choice = choose({(c.in_features, c.out_features) for _, _, c in found}, precision, cache)
-    moved = 0
-    for parent, name, linear in found:
-        if choice[f"{linear.in_features}x{linear.out_features}"] == "onednn":
-            setattr(parent, name, on_onednn(linear))
-            moved += 1
-    return moved
+    choice = choose({(m.in_features, m.out_features) for m in found}, precision, cache)
+    chosen = [m for m in found if choice[f"{m.in_features}x{m.out_features}"] == "onednn"]
+    for linear in chosen:
+        pack(linear)
+    return len(chosen)
 
 
-def on_onednn(linear: nn.Linear) -> RowBucketed:
-    """The projection as the engine runs it on oneDNN: its packed weight, its rows' counts bounded."""
-    return RowBucketed(OneDnnLinear(linear), ROW_STEP, FLOAT32_EXACT_FROM)
-
-
-def _wrapped(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
-    """The layers' projections (engine/precision/rows.py layer_projections), seen through the
-    RowBucketed wrapper float32 gives them: (the wrapper's parent, its name, the projection)."""
-    found: dict[tuple[int, str], tuple[nn.Module, str, nn.Linear]] = {}  # a stack inside a stack: once
-    for stack in [m for m in model.modules() if isinstance(m, nn.ModuleList)]:
-        for parent in list(stack.modules()):
-            for name, child in list(parent.named_children()):
-                inner = child.inner if isinstance(child, RowBucketed) else child
-                if type(inner) is nn.Linear:
-                    found[(id(parent), name)] = (parent, name, inner)
-    return list(found.values())
+def pack(linear: PackedLinear) -> None:
+    """Put `linear`'s product on oneDNN: its weight packed, the plain one let go (see the module's text)."""
+    weight = linear.weight.detach()
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
+    stand_in = torch.zeros(1, dtype=weight.dtype).expand(weight.shape)
+    PACKED[stand_in.data_ptr()] = (stand_in, packed)
+    weakref.finalize(linear, PACKED.pop, stand_in.data_ptr(), None)  # a model let go lets its copies go
+    linear.weight = nn.Parameter(stand_in, requires_grad=False)
 
 
 def describe(model: nn.Module) -> dict[str, Any]:
     """How many layer projections run on oneDNN's packed weights, for the engine phase; {} for none."""
-    moved = sum(isinstance(m, OneDnnLinear) for m in model.modules())
+    moved = sum(isinstance(m, PackedLinear) and m.weight.data_ptr() in PACKED for m in model.modules())
     return {"gemm": f"oneDNN packed: {moved} projections (float32, chosen for this CPU)"} if moved else {}

@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from common.wire import Tokens
-from engine.precision.gemm import OneDnnLinear
 from engine.precision.int8 import Int8Linear
 from engine.runtime.batching import GROUP_TOKENS
 
@@ -69,10 +68,10 @@ def warm_up(forward: Callable[[list[Tokens]], Any], model: nn.Module, token: int
     return Warmup(overhead, per_token_s, detail)
 
 
-def projections(model: nn.Module) -> list[nn.Linear | Int8Linear | OneDnnLinear]:
-    """The projections every token goes through (nn.Linear, fused, int8 or oneDNN-packed): not embedding
-    tables, of which a token reads one row."""
-    return [m for m in model.modules() if isinstance(m, nn.Linear | Int8Linear | OneDnnLinear)]
+def projections(model: nn.Module) -> list[nn.Linear | Int8Linear]:
+    """The projections every token goes through (nn.Linear, fused, oneDNN-packed or int8): not
+    embedding tables, of which a token reads one row."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear | Int8Linear)]
 
 
 def _timed(call: Callable[[], Any], device: torch.device) -> float:

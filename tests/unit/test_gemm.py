@@ -1,9 +1,11 @@
-"""The GEMM backend of eager float32 engines on the CPU (engine/precision/gemm.py): chosen per CPU
-class and kept in a record keyed as the compile cache keys its artifacts, oneDNN's packed products
-equal to MKL's within 1e-5, and oneDNN's kernels bounded over every row count a group can have."""
+"""The GEMM backend of float32 engines on the CPU (engine/precision/gemm.py): chosen per CPU class and
+kept in a record keyed as the compile cache keys its artifacts, oneDNN's packed products equal to
+MKL's within 1e-5, the plain weight let go, and oneDNN's kernels bounded over every row count a
+group can have."""
 
 from __future__ import annotations
 
+import copy
 import random
 from pathlib import Path
 
@@ -63,7 +65,7 @@ def test_onednn_products_equal_mkls_within_1e_5() -> None:
         with torch.no_grad():
             linear.weight.copy_(torch.randn(n, k, generator=gen) / k**0.5)
             linear.bias.copy_(torch.randn(n, generator=gen))
-        packed = gemm.on_onednn(linear)
+        packed = _on_onednn(linear)
         with torch.inference_mode():
             for m in (1, 3, 16, 17, 100, 300, 384):
                 x = torch.randn(m, k, generator=gen)
@@ -83,13 +85,19 @@ def test_an_engine_on_onednn_answers_as_on_mkl_within_1e_5(
     np.testing.assert_allclose(answer(onednn, group), answer(mkl, group), rtol=0, atol=1e-5)
 
 
-def test_onednn_kernels_stay_bounded_over_every_length_1_to_512() -> None:
+def test_onednn_kernels_stay_bounded_over_every_length_1_to_512(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every row count below FLOAT32_EXACT_FROM reaches oneDNN as a multiple of ROW_STEP (15 counts),
     and past one pass over every count 1..512 (its kernel caches capped) a second pass adds no resident
     memory: it does not grow with the lengths seen."""
-    wrapped = gemm.on_onednn(nn.Linear(384, 1536))
+    wrapped = _on_onednn(nn.Linear(384, 1536))
     counts: set[int] = set()
-    wrapped.inner.register_forward_pre_hook(lambda module, args: counts.add(args[0].shape[0]))
+    onednn = gemm.onednn
+
+    def counted(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        counts.add(rows.shape[0])
+        return onednn(rows, packed, bias)
+
+    monkeypatch.setattr(gemm, "onednn", counted)
     x = torch.randn(512, 384)
     with torch.inference_mode():
         for m in range(1, 513):
@@ -99,6 +107,33 @@ def test_onednn_kernels_stay_bounded_over_every_length_1_to_512() -> None:
             wrapped(x[:m])
     assert {n for n in counts if n < FLOAT32_EXACT_FROM} == set(range(ROW_STEP, FLOAT32_EXACT_FROM, ROW_STEP))
     assert _resident_mb() - before < 16  # a kernel of this shape holds ~0.5 MB: no growth per count
+
+
+def test_a_packed_projection_holds_no_plain_weight() -> None:
+    """The packed copy replaces the weight: what stands in its place keeps its name, shape and dtype
+    (a compiled package is handed it by name) and holds one element."""
+    linear = _on_onednn(nn.Linear(384, 1536))
+    assert dict(linear.named_parameters()).keys() == {"weight", "bias"}
+    assert linear.weight.shape == (1536, 384) and linear.weight.dtype == torch.float32
+    assert linear.weight.untyped_storage().nbytes() == 4
+
+
+def test_a_projection_let_go_takes_its_packed_copy_with_it() -> None:
+    """The registry of packed copies does not outlive the model: a later tensor at the same address is
+    never taken for a packed one."""
+    linear = _on_onednn(nn.Linear(384, 384))
+    address = linear.weight.data_ptr()
+    assert address in gemm.PACKED
+    del linear
+    assert address not in gemm.PACKED
+
+
+def _on_onednn(linear: nn.Linear) -> gemm.PackedLinear:
+    """A copy of `linear` as an engine runs it where oneDNN is chosen."""
+    packed = copy.deepcopy(linear)
+    packed.__class__ = gemm.PackedLinear
+    gemm.pack(packed)
+    return packed  # type: ignore[return-value]
 
 
 def _resident_mb() -> float:
