@@ -17,14 +17,15 @@ run MKL's addmm: 0.6x the eager engine's speed on the Zen 5). Where oneDNN is ch
 weight is made where the model is built (in the forkserver: one copy for every engine) and kept in
 PACKED under the address of the tensor that takes the plain weight's place: one element, broadcast
 to the weight's shape, so that the parameter keeps its name, shape and dtype (a compiled package
-is handed the model's tensors by name) and the model holds no second copy. oneDNN builds and keeps
-a kernel per row count: below FLOAT32_EXACT_FROM rows they go on a multiple of ROW_STEP (at most 15
-zero rows: 15 kernels a shape), from it as they are, since the copy padding makes of a large group's
-input cost more than oneDNN gains (32 inputs of ~20 tokens: 0.97x MKL's speed padded, 1.22x not),
-and its caches are capped (engine/precision/rows.py): an engine's memory stays bounded whatever the
-lengths. Its rows keep their bits whatever the count from 2 rows (bench.gemm: none of 2-64, ...,
-511 differ inside a 2048-row product, where MKL's few-row products do), so a text's vector is the
-same alone and in any group.
+is handed the model's tensors by name) and the model holds no second copy.
+
+oneDNN builds and keeps a kernel per row count (~1 MB each for these shapes, ~0.25 ms to build), so
+rows go on a multiple of ROW_STEP (at most 15 zero rows) and its caches are capped
+(engine/precision/rows.py): an engine's memory stays bounded whatever the lengths. Against exact
+counts, on the Zen 5, 3,000 products of 200-700 rows took 0.75x the time (no kernel built after the
+first few dozen) and held 100 MB of kernels instead of 371. Its rows keep their bits whatever the
+count from 2 rows (bench.gemm: none of 2-64, ..., 511 differ inside a 2048-row product, where MKL's
+few-row products do), so a text's vector is the same alone and in any group.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.precision.rows import FLOAT32_EXACT_FROM, ROW_STEP, cap_kernel_caches, layer_projections
+from engine.precision.rows import ROW_STEP, cap_kernel_caches, layer_projections
 from engine.runtime.device import Placement, cpu_class
 
 PROBE_ROWS = (16, 64, 384)  # a short input, a few, a packed group (engine.runtime.batching.GROUP_TOKENS)
@@ -64,7 +65,7 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     packed = entry[1]
     rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
-    if n < FLOAT32_EXACT_FROM and n % ROW_STEP:  # a kernel per count: few counts below it
+    if n % ROW_STEP:  # oneDNN builds and keeps a kernel per count: few counts
         rows = F.pad(rows, (0, 0, 0, (-n) % ROW_STEP))
     out = onednn(rows, packed, bias)[:n]
     return out.view(*x.shape[:-1], out.shape[-1])
