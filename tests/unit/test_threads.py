@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.runtime import threads as threads_module
-from engine.runtime.threads import BUSY, SOLO_AFTER_S, SOLO_BACKOFF_S, ThreadShare
+from engine.runtime.threads import BUSY, SOLO_AFTER_S, SOLO_BACKOFF_S, RunQueueDelay, ThreadShare
 
 
 def test_working_alone_takes_the_solo_threads_and_beside_another_the_shared() -> None:
@@ -62,14 +62,19 @@ def test_an_engine_idle_for_less_than_the_solo_wait_still_counts_as_working() ->
         torch.set_num_threads(threads)
 
 
-def _forward(share: ThreadShare, monkeypatch: pytest.MonkeyPatch, wall: float, cpu: float) -> None:
-    """working(), a forward that took `wall` seconds and `cpu` seconds of the process's CPU, ran()."""
-    clocks = {"perf_counter": 100.0, "process_time": 50.0}
+def _forward(
+    share: ThreadShare, monkeypatch: pytest.MonkeyPatch, wall: float, cpu: float, waited: float | None = None
+) -> None:
+    """working(), a forward that took `wall` seconds and `cpu` seconds of the process's CPU, its threads
+    `waited` seconds for a core between them (None: the kernel does not say), ran()."""
+    clocks: dict[str, float] = {"perf_counter": 100.0, "process_time": 50.0, "waited": 7.0}
     monkeypatch.setattr(threads_module.time, "perf_counter", lambda: clocks["perf_counter"])
     monkeypatch.setattr(threads_module.time, "process_time", lambda: clocks["process_time"])
+    monkeypatch.setattr(share._waits, "seconds", lambda: None if waited is None else clocks["waited"])
     share.working()
     clocks["perf_counter"] += wall
     clocks["process_time"] += cpu
+    clocks["waited"] += waited or 0.0
     share.ran()
     monkeypatch.undo()
 
@@ -121,6 +126,42 @@ def test_a_forward_that_got_every_core_ends_the_back_off(monkeypatch: pytest.Mon
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+def test_threads_that_waited_for_a_core_back_off_whatever_their_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel says how long the threads waited, runnable, that is what they did not get: a
+    forward whose two threads waited half the wall time between them backs off, however much CPU
+    time the process counted (OpenMP's spinning counts as CPU)."""
+    threads = torch.get_num_threads()
+    try:
+        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+        _forward(share, monkeypatch, wall=0.1, cpu=0.2, waited=0.1)
+        assert share.backoff == SOLO_BACKOFF_S
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_threads_that_never_waited_keep_every_core_whatever_their_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short forward's CPU time dips (its Python between operators, the team asleep); its threads never
+    waited for a core: forward after forward, no back-off."""
+    threads = torch.get_num_threads()
+    try:
+        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+        for _ in range(6):
+            _forward(share, monkeypatch, wall=0.01, cpu=0.01, waited=0.0)
+        assert share.backoff == 0.0
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_run_queue_delay_is_read_from_the_kernel() -> None:
+    """On Linux the threads' run-queue delay is there to read, in seconds, and never goes back."""
+    delay = RunQueueDelay()
+    first = delay.seconds()
+    assert first is not None and first >= 0.0
+    second = delay.seconds()
+    assert second is not None and second >= first
+    delay.forget()
 
 
 def test_a_forward_on_the_shared_count_is_not_judged(monkeypatch: pytest.MonkeyPatch) -> None:
