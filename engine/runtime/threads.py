@@ -91,7 +91,8 @@ class ThreadShare:
             torch.set_num_threads(wanted)
             self.current = wanted
             self._waits.forget()  # another team: other threads to read
-        self._started = (time.perf_counter(), time.process_time(), self._waits.seconds()) if wanted > self.shared else None
+        solo = wanted > self.shared
+        self._started = (time.perf_counter(), time.process_time(), self._waits.seconds()) if solo else None
 
     def ran(self) -> None:
         """Called after each forward pass: one on every core whose threads did not get them backs off."""
