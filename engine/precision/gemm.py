@@ -20,7 +20,9 @@ to the weight's shape, so that the parameter keeps its name, shape and dtype (a 
 is handed the model's tensors by name) and the model holds no second copy.
 
 oneDNN builds and keeps a kernel per row count (~1 MB each for these shapes, ~0.25 ms to build), so
-rows go on a multiple of ROW_STEP (at most 15 zero rows) and its caches are capped
+rows go on a multiple of ROW_STEP (at most 15 zero rows; in a compiled graph the wrapper's padding is
+fused into the operation before it, and the operator copies nothing: two copies, a wrapper's to a
+multiple of 4 and the operator's, cost 5-10 % of a 32-client group's forward) and its caches are capped
 (engine/precision/rows.py): an engine's memory stays bounded whatever the lengths. Against exact
 counts, on the Zen 5, 3,000 products of 200-700 rows took 0.75x the time (no kernel built after the
 first few dozen) and held 100 MB of kernels instead of 371. Its rows keep their bits whatever the
@@ -42,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.precision.rows import ROW_STEP, cap_kernel_caches, layer_projections
+from engine.precision.rows import ROW_STEP, RowBucketed, cap_kernel_caches, layer_projections
 from engine.runtime.device import Placement, cpu_class
 
 PROBE_ROWS = (16, 64, 384)  # a short input, a few, a packed group (engine.runtime.batching.GROUP_TOKENS)
@@ -58,16 +60,17 @@ PACKED: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x W^T + b: on oneDNN's packed copy of `weight` if one was made (pack()), else nn.Linear's."""
+    """x W^T + b: on oneDNN's packed copy of `weight` if one was made (pack()), on a multiple of
+    ROW_STEP rows (zero rows added, their outputs cut off: oneDNN builds and keeps a kernel per
+    count); else nn.Linear's."""
     entry = PACKED.get(weight.data_ptr())
     if entry is None:
         return F.linear(x, weight, bias)
-    packed = entry[1]
     rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
-    if n % ROW_STEP:  # oneDNN builds and keeps a kernel per count: few counts
+    if n % ROW_STEP:  # from FLOAT32_EXACT_FROM rows, eager: the wrapper (route()) leaves them be
         rows = F.pad(rows, (0, 0, 0, (-n) % ROW_STEP))
-    out = onednn(rows, packed, bias)[:n]
+    out = onednn(rows, entry[1], bias)[:n]
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
@@ -103,20 +106,17 @@ class PackedLinear(nn.Linear):
 
 def route(model: nn.Module, placement: Placement) -> int:
     """Make the float32 layer projections of a CPU model PackedLinear, in place (their class only:
-    nothing copied, no name changed); the number made. Done wherever the model is built, the
-    compile worker's included, so that the graph it exports has the operator."""
+    nothing copied, no name changed), their RowBucketed wrappers (engine/precision/rows.py) on
+    ROW_STEP; the number made. Done wherever the model is built, the compile worker's included, so
+    that the graph it exports has the operator."""
     if placement.device.type != "cpu" or placement.dtype != torch.float32 or placement.int8:
         return 0
-    found = projections(model)
-    for linear in found:
+    found = {id(child): (parent, child) for parent, _, child in layer_projections(model)}  # a stack in a stack: once
+    for parent, linear in found.values():
         linear.__class__ = PackedLinear  # a subclass adding no state: the module stays as it was built
+        if isinstance(parent, RowBucketed):
+            parent.step = ROW_STEP  # a multiple of FLOAT32_STEP: MKL's rows keep their bits too
     return len(found)
-
-
-def projections(model: nn.Module) -> list[nn.Linear]:
-    """The layers' projections (engine/precision/rows.py layer_projections: those inside the RowBucketed
-    wrappers float32 gives them too), each once (a stack inside a stack)."""
-    return list({id(child): child for _, _, child in layer_projections(model)}.values())
 
 
 def record_key(precision: str) -> str:

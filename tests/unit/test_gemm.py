@@ -18,7 +18,7 @@ from common.modelfolder import read_model_folder
 from common.wire import Tokens
 from engine.heads import answer
 from engine.precision import gemm
-from engine.precision.rows import ROW_STEP
+from engine.precision.rows import ROW_STEP, RowBucketed
 from engine.runtime.device import place
 from engine.runtime.model import PoolingModel
 
@@ -107,6 +107,14 @@ def test_onednn_kernels_stay_bounded_over_every_length_1_to_512(monkeypatch: pyt
             wrapped(x[:m])
     assert counts == set(range(ROW_STEP, 513, ROW_STEP))
     assert _resident_mb() - before < 16  # a kernel of this shape holds ~0.5 MB: no growth per count
+
+
+def test_a_float32_models_layer_projections_are_one_operator_on_multiples_of_16(model_dir: Path) -> None:
+    """Every layer projection is a PackedLinear (the operator a compiled graph calls) whose wrapper
+    rounds its rows to ROW_STEP: in a graph that padding is fused, and the operator copies nothing."""
+    model = PoolingModel(read_model_folder(model_dir), threads=2)
+    wrapped = [m for m in model.model.modules() if isinstance(m, RowBucketed) and isinstance(m.inner, gemm.PackedLinear)]
+    assert len(wrapped) == 24 and {w.step for w in wrapped} == {ROW_STEP}
 
 
 def test_a_packed_projection_holds_no_plain_weight() -> None:
