@@ -136,7 +136,7 @@ def test_a_package_on_onednns_packed_weights_answers_as_the_eager_engine_on_mkl(
     """Where oneDNN is chosen for this CPU (engine/precision/gemm.py; chosen here whatever this CPU
     prefers), the package's projections run on the packed copies through the stand-ins it is handed
     by name: within 1e-5 of the eager engine on MKL, and an input's bits the same alone and in a group."""
-    monkeypatch.setattr(gemm, "measure", lambda k, n: "onednn")
+    monkeypatch.setattr(gemm, "measure", lambda k, n, dtype=None: "onednn")
     folder = tiny["bert"]
     mkl = eager_answers(folder)
     model = PoolingModel(read_model_folder(folder), threads=2, gemm_records=tmp_path / "records")

@@ -51,7 +51,8 @@ PROBE_ROWS = (16, 64, 384)  # a short input, a few, a packed group (engine.runti
 PROBE_CALLS = 3  # per backend and row count: the best of them
 PACK_ROWS = 384  # the rows oneDNN picks the packed layout for: a packed group's
 RECORDS = "gemm"  # the records' folder in the compile cache
-BACKENDS = ("mkl", "onednn")
+BACKENDS = ("mkl", "onednn")  # "mkl": F.linear (in bfloat16, oneDNN on the plain weight, reordered per call)
+PACKABLE = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 LINEAR_SCHEMA = "linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor"
 
 # the address of the tensor standing in a packed projection's weight -> (that tensor, kept so that
@@ -109,7 +110,7 @@ def route(model: nn.Module, placement: Placement) -> int:
     nothing copied, no name changed), their RowBucketed wrappers (engine/precision/rows.py) on
     ROW_STEP; the number made. Done wherever the model is built, the compile worker's included, so
     that the graph it exports has the operator."""
-    if placement.device.type != "cpu" or placement.dtype != torch.float32 or placement.int8:
+    if placement.device.type != "cpu" or placement.dtype not in PACKABLE or placement.int8:
         return 0
     found = {id(child): (parent, child) for parent, _, child in layer_projections(model)}  # a stack in a stack: once
     for parent, linear in found.values():
@@ -125,7 +126,9 @@ def record_key(precision: str) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def choose(shapes: set[tuple[int, int]], precision: str, cache: Path) -> dict[str, str]:
+def choose(
+    shapes: set[tuple[int, int]], precision: str, cache: Path, dtype: torch.dtype = torch.float32
+) -> dict[str, str]:
     """The backend of each (in, out) projection shape, as "INxOUT": the record's where it holds every
     shape, else measured now and the record written (a cache that cannot be written costs a re-measure)."""
     path = cache / RECORDS / f"{record_key(precision)}.json"
@@ -136,7 +139,7 @@ def choose(shapes: set[tuple[int, int]], precision: str, cache: Path) -> dict[st
     wanted = {f"{k}x{n}" for k, n in shapes}
     if wanted <= known.keys() and all(known[s] in BACKENDS for s in wanted):
         return {s: known[s] for s in wanted}
-    choice = {**known, **{f"{k}x{n}": measure(k, n) for k, n in sorted(shapes)}}
+    choice = {**known, **{f"{k}x{n}": measure(k, n, dtype) for k, n in sorted(shapes)}}
     record = {"choice": choice, "threads": torch.get_num_threads(), "cpu": cpu_class()[:2]}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -148,16 +151,16 @@ def choose(shapes: set[tuple[int, int]], precision: str, cache: Path) -> dict[st
     return {s: choice[s] for s in wanted}
 
 
-def measure(k: int, n: int) -> str:
+def measure(k: int, n: int, dtype: torch.dtype = torch.float32) -> str:
     """The faster backend for an [M x k] x [k x n] product with bias, summed over PROBE_ROWS."""
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(n, k, generator=gen) / k**0.5
-    bias = torch.randn(n, generator=gen)
+    weight = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
     spent = dict.fromkeys(BACKENDS, 0.0)
     with torch.inference_mode():
         for m in PROBE_ROWS:
-            x = torch.randn(m, k, generator=gen)
+            x = torch.randn(m, k, generator=gen).to(dtype)
             calls = {"mkl": lambda x=x: F.linear(x, weight, bias), "onednn": lambda x=x: onednn(x, packed, bias)}
             for call in calls.values():
                 call()  # first-call costs (oneDNN's kernel for this count) out of the timing
@@ -174,14 +177,15 @@ def _timed(call: Any) -> float:
 
 def select(model: nn.Module, precision: str, cache: Path) -> int:
     """Pack the weights of `model`'s PackedLinear projections whose shape the choice puts on oneDNN;
-    the number packed (none in another precision: bfloat16's run on oneDNN already, int8's on _int_mm)."""
-    if precision != "float32" or not torch.backends.mkldnn.is_available():  # a torch built without oneDNN: MKL
+    the number packed (none in another precision: int8's run on _int_mm)."""
+    dtype = {name: dtype for dtype, name in PACKABLE.items()}.get(precision)
+    if dtype is None or not torch.backends.mkldnn.is_available():  # a torch built without oneDNN: MKL
         return 0
     found = [m for m in model.modules() if isinstance(m, PackedLinear) and m.weight.data_ptr() not in PACKED]
     if not found:
         return 0
     cap_kernel_caches()  # before oneDNN's first use in this process, which measuring may be
-    choice = choose({(m.in_features, m.out_features) for m in found}, precision, cache)
+    choice = choose({(m.in_features, m.out_features) for m in found}, precision, cache, dtype)
     chosen = [m for m in found if choice[f"{m.in_features}x{m.out_features}"] == "onednn"]
     for linear in chosen:
         pack(linear)
@@ -200,5 +204,8 @@ def pack(linear: PackedLinear) -> None:
 
 def describe(model: nn.Module) -> dict[str, Any]:
     """How many layer projections run on oneDNN's packed weights, for the engine phase; {} for none."""
-    moved = sum(isinstance(m, PackedLinear) and m.weight.data_ptr() in PACKED for m in model.modules())
-    return {"gemm": f"oneDNN packed: {moved} projections (float32, chosen for this CPU)"} if moved else {}
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear) and m.weight.data_ptr() in PACKED]
+    if not packed:
+        return {}
+    precision = PACKABLE[packed[0].weight.dtype]
+    return {"gemm": f"oneDNN packed: {len(packed)} projections ({precision}, chosen for this CPU)"}

@@ -23,16 +23,17 @@ PROBES = (3, 5, 11)  # tokens; each alone is a product of that many rows
 COMPOSITIONS = 6  # per probe: 1..30 other inputs of 1..200 tokens, the probe at a random place
 
 
-ONEDNN = "float32-onednn"  # float32 with the layers' products on oneDNN's packed weights (engine/precision/gemm.py)
+ONEDNN = "-onednn"  # the layers' products on oneDNN's packed weights (engine/precision/gemm.py)
 
 
 def engine(model_dir: Path, precision: str, records: Path, monkeypatch: pytest.MonkeyPatch) -> PoolingModel:
-    if (precision == "bfloat16" and not cpu_has(torch.bfloat16)) or (precision == "int8" and not cpu_has_int8()):
-        pytest.skip(f"this CPU has no {precision} instructions: the engine refuses {precision} here")
-    if precision == ONEDNN:  # chosen whatever this CPU prefers
-        monkeypatch.setattr(gemm, "measure", lambda k, n: "onednn")
-    placement = place("cpu", precision.removesuffix("-onednn"), [])
-    chosen = records if precision == ONEDNN else None
+    dtype = precision.removesuffix(ONEDNN)
+    if (dtype == "bfloat16" and not cpu_has(torch.bfloat16)) or (dtype == "int8" and not cpu_has_int8()):
+        pytest.skip(f"this CPU has no {dtype} instructions: the engine refuses {dtype} here")
+    if precision.endswith(ONEDNN):  # chosen whatever this CPU prefers
+        monkeypatch.setattr(gemm, "measure", lambda k, n, dtype=None: "onednn")
+    placement = place("cpu", dtype, [])
+    chosen = records if precision.endswith(ONEDNN) else None
     return PoolingModel(read_model_folder(model_dir), threads=2, placement=placement, gemm_records=chosen)
 
 
@@ -41,7 +42,7 @@ def text(rng: random.Random, n: int) -> Tokens:
     return Tokens([101, *(rng.randrange(1000, 30000) for _ in range(max(n - 2, 0))), 102][:n])
 
 
-@pytest.mark.parametrize("precision", ["float32", ONEDNN, "bfloat16", "int8"])
+@pytest.mark.parametrize("precision", ["float32", "float32" + ONEDNN, "bfloat16", "bfloat16" + ONEDNN, "int8"])
 def test_an_input_has_the_same_bits_alone_and_in_any_packed_group(
     model_dir: Path, precision: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -30,7 +30,7 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """The shapes measured, each choosing oneDNN (so that the tests see it whatever this CPU prefers)."""
     calls: list[tuple[int, int]] = []
 
-    def fake(k: int, n: int) -> str:
+    def fake(k: int, n: int, dtype: torch.dtype = torch.float32) -> str:
         calls.append((k, n))
         return "onednn"
 
