@@ -1,11 +1,13 @@
-"""Which GEMM backend a CPU engine's float32 layer projections run on: MKL (nn.Linear's sgemm) or
-oneDNN on a weight packed once, chosen per CPU class by measuring both on the model's shapes.
+"""Which GEMM backend a CPU engine's float32 and bfloat16 layer projections run on: nn.Linear's
+(float32: MKL's sgemm; bfloat16: oneDNN on the plain weight, reordered at every call) or oneDNN on a
+weight packed once, chosen per CPU class by measuring both on the model's shapes.
 
 MKL takes a generic path on AMD CPUs and its knobs (MKL_ENABLE_INSTRUCTIONS; MKL_DEBUG_CPU_TYPE,
 ignored) do not help, while oneDNN's AVX-512 kernels on a packed weight ran all-MiniLM-L6-v2's
 projections 1.07-1.76x faster on 2 cores of a Zen 4 and 2.2-2.6x on a Zen 5, in every (shape, rows)
 cell measured, 8 to 2048 rows (bench.gemm; docs/operations/gemm.md). Which wins depends on the CPU,
-so it is measured, not assumed: per projection shape (in, out), each backend at PROBE_ROWS rows,
+so it is measured, not assumed (bfloat16 too: its packed weight ran a Zen 5's products 1.1-2.4x
+faster, with the same bits): per projection shape (in, out), each backend at PROBE_ROWS rows,
 best of a few calls (tens of ms a model, when it is built: never on the request path); oneDNN where
 it took less time over them. The choice is kept in a record beside the compile cache, keyed as its
 artifacts are (torch, the CPU's instruction set, precision): the next start reads it, another CPU
@@ -106,7 +108,7 @@ class PackedLinear(nn.Linear):
 
 
 def route(model: nn.Module, placement: Placement) -> int:
-    """Make the float32 layer projections of a CPU model PackedLinear, in place (their class only:
+    """Make the float32 or bfloat16 layer projections of a CPU model PackedLinear, in place (their class only:
     nothing copied, no name changed), their RowBucketed wrappers (engine/precision/rows.py) on
     ROW_STEP; the number made. Done wherever the model is built, the compile worker's included, so
     that the graph it exports has the operator."""
