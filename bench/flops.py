@@ -4,7 +4,9 @@ against the peak of one large GEMM measured here, now.
 A token costs 2 x the projection weights it passes through in FLOPs (the warmup phase's
 mflop_per_token); attention's own products are left out (a few percent at tens of tokens), so the
 share printed is a slight underestimate. The peak is the best of a few [2048 x 2048] x [2048 x 2048]
-products on all cores, in float32 and in int8 (torch._int_mm, int32 accumulation).
+products on all cores, in float32 and bfloat16 on the faster of `@` and oneDNN on a packed weight (the
+engine's choice, engine/precision/gemm.py: on an AMD Zen 5, MKL's `@` reached 44 % of oneDNN's float32
+rate, and a share of it would flatter), and in int8 (torch._int_mm, int32 accumulation).
 """
 
 from __future__ import annotations
@@ -21,16 +23,20 @@ def peak_gflops(dtype: str) -> float:
 
     if dtype == "int8":
         a = torch.randint(-127, 127, (SIZE, SIZE), dtype=torch.int8)
-        call: Callable[[], object] = lambda: torch._int_mm(a, a)  # noqa: E731
+        calls: list[Callable[[], object]] = [lambda: torch._int_mm(a, a)]
     else:
         a = torch.randn(SIZE, SIZE, dtype=getattr(torch, dtype))
-        call = lambda: a @ a  # noqa: E731
-    call()
+        calls = [lambda: a @ a]
+        if torch.backends.mkldnn.is_available():
+            packed = torch.ops.mkldnn._reorder_linear_weight(a, SIZE)
+            calls.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
     best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
+    for call in calls:
         call()
-        best = min(best, time.perf_counter() - started)
+        for _ in range(3):
+            started = time.perf_counter()
+            call()
+            best = min(best, time.perf_counter() - started)
     return 2 * SIZE**3 / best / 1e9
 
 
