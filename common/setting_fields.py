@@ -361,7 +361,7 @@ class SettingFields(ServiceFields):
         ),
         description=(
             "Folder of compiled artifacts, one per model files, precision, torch version, CPU and warmpool version;"
-            " also eager engines' GEMM backend choices, one per torch version, CPU and precision"
+            " also the engines' GEMM backend choices, one per torch version, CPU and precision"
             " ([GEMM backends](../operations/gemm.md))."
         ),
         json_schema_extra={

@@ -34,7 +34,8 @@ BATCH_TOKENS = 2048
 # CHARS_PER_TOKEN, server/core/inputs.py): the tokenizer's cost grows with the characters, and far
 # fewer than this reach the model's length.
 CHARS_PER_TOKEN = 32
-_COMPILE_CACHE = SettingFields.model_fields["compile_cache"].default  # WARMPOOL_COMPILE_CACHE's default
+# WARMPOOL_COMPILE_CACHE's default (a factory's: the field's `default` is unset)
+_COMPILE_CACHE = SettingFields.model_fields["compile_cache"].get_default(call_default_factory=True)
 
 
 class InProcessEmbedder:
@@ -71,8 +72,9 @@ class InProcessEmbedder:
         self.tokenizers = TokenizerPool(info.path)
         # Ray sets an actor's OMP_NUM_THREADS (torch's default) from its num_cpus
         placement = place(device, precision, [])
-        self.model = PoolingModel(info, threads or torch.get_num_threads(), placement)
         cache = Path(compile_cache) if compile_cache is not None else _COMPILE_CACHE
+        # its layers' products on this CPU's faster GEMM backend, the choice kept beside the artifacts
+        self.model = PoolingModel(info, threads or torch.get_num_threads(), placement, (), cache)
         self.compilation: Compilation | None
         self.compilation, self.compile_detail = begin(self.model, compile, cache, compile_timeout_s)
 

@@ -10,8 +10,11 @@ starlette's TestClient, an httpx.Client: client packages take it as their HTTP c
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import multiprocessing
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -58,10 +61,17 @@ class _Engine:
     thread: threading.Thread
 
 
+# The engines' compile cache (their GEMM backend's record, engine/precision/gemm.py): this process's
+# own, not the user's, and gone when it ends.
+_CACHE = Path(tempfile.mkdtemp(prefix="warmpool-app-cache-"))
+atexit.register(shutil.rmtree, _CACHE, True)
+
+
 def settings_for(model: Path | str, **overrides: Any) -> Settings:
     """The server's settings as `serving(model, log, **overrides)` would give them: compiling off
     (tests/test_compiled_engine.py compiles), one engine per model (one thread each)."""
-    values: dict[str, Any] = {"model": str(model), "compile": "off", "engines": 1, **overrides}
+    values: dict[str, Any] = {"model": str(model), "compile": "off", "engines": 1, "compile_cache": str(_CACHE)}
+    values.update(overrides)
     return Settings(_cli_parse_args=[], **values)  # type: ignore[call-arg]
 
 

@@ -16,9 +16,18 @@ import torch
 from engine.runtime.device import cpu_has, cpu_has_int8
 from tests.app.test_embeddings import FITTING, LONG, vectors
 from tests.server_process import Served
+from warmpool import inprocess
 from warmpool.ray import Embedder
 
 TEXTS = FITTING + [f"document {i}: {'warm pools ' * (i % 9)}serve {i} vectors" for i in range(50 - len(FITTING))]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def own_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The embedders' default compile cache (their GEMM backend's record) in this run's tmp folder."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(inprocess, "_COMPILE_CACHE", tmp_path_factory.mktemp("compile-cache"))
+        yield
 
 
 @pytest.fixture(scope="module")
