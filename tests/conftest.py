@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,10 @@ from tests.tiny_models import TinyFolders
 # off, or their repeated texts (a stall, a flood, a kill under load) would be answered from it and
 # never reach an engine. The cache is tested in the app layer (tests/app/test_result_cache*.py).
 DEFAULT_SETTINGS.setdefault("cache_bytes", "0")
+# Their compile cache (the engines' GEMM backend records) is this test process's own, not the user's.
+_COMPILE_CACHE = tempfile.mkdtemp(prefix="warmpool-tests-cache-")
+atexit.register(shutil.rmtree, _COMPILE_CACHE, True)
+DEFAULT_SETTINGS.setdefault("compile_cache", _COMPILE_CACHE)
 
 os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"})
 # make test's two workers share two cores: an OpenMP thread that spins after each parallel region

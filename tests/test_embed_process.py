@@ -20,6 +20,7 @@ def embed(corpus: Path, out: Path, model: Path, tmp: Path, *more: str) -> subpro
     """The CLI; its temporary folder (where its server's port file lies) under `tmp`, to find that server by."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPOOL_")}
     env.update({"TMPDIR": str(tmp), "WARMPOOL_COMPILE": "off", "WARMPOOL_ENGINES": "1"})
+    env["WARMPOOL_COMPILE_CACHE"] = str(tmp / "compile-cache")  # its GEMM backend's record: not the user's
     command = [sys.executable, "-m", "orchestrator", "embed", str(corpus), "-o", str(out), "--model", str(model)]
     return subprocess.Popen([*command, *more], cwd=ROOT, env=env, stderr=subprocess.PIPE)
 

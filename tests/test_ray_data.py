@@ -38,11 +38,13 @@ def local_ray() -> Iterator[Any]:
         ray.shutdown()
 
 
-def test_map_batches_gives_the_servers_vectors_in_order(local_ray: Any, server: Served, model_dir: Path) -> None:
+def test_map_batches_gives_the_servers_vectors_in_order(
+    local_ray: Any, server: Served, model_dir: Path, tmp_path: Path
+) -> None:
     dataset = local_ray.data.from_items([{"id": i, "text": text} for i, text in enumerate(TEXTS)])
     rows = dataset.map_batches(
         Embedder,
-        fn_constructor_kwargs={"model_dir": str(model_dir), "compile": "off"},
+        fn_constructor_kwargs={"model_dir": str(model_dir), "compile": "off", "compile_cache": str(tmp_path)},
         compute=local_ray.data.ActorPoolStrategy(size=1),
         batch_size=16,
     ).take_all()
