@@ -19,7 +19,8 @@ thread, 12 on 2, 28 on 16, 172 on 64) gives some rows other bits than the same r
 product: an input's vector then depended on how many tokens shared its group (a 3-token text alone,
 or an 11-token one on 2 threads). No multiple of 4 did, at any count or thread number measured, so
 every float32 projection of the model (heads and Dense modules too: their rows are the inputs) runs
-on a multiple of FLOAT32_STEP: at most 3 zero rows. int8 products accumulate in int32, exactly:
+on a multiple of FLOAT32_STEP: at most 3 zero rows (the layers' own on ROW_STEP, which is one:
+engine/precision/gemm.py route()). int8 products accumulate in int32, exactly:
 their layers are left as they are (engine/precision/int8.py), their float32 heads wrapped.
 """
 
