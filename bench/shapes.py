@@ -80,10 +80,10 @@ def build(dest: Path, shape: str) -> Path:
 
 
 def _colbert(encoder: Path, folder: Path) -> Path:
-    """PyLate's folder layout around `encoder` (as tests.tiny_models.build_colbert writes it)."""
+    """PyLate's folder layout around `encoder` (as tests.tiny_kinds.build_colbert writes it)."""
     import shutil
 
-    from tests.tiny_models import write_pylate_files
+    from tests.tiny_kinds import write_pylate_files
 
     shutil.copytree(encoder, folder)
     return write_pylate_files(folder, hidden=768, dims=128, query_length=32, document_length=256)

@@ -99,14 +99,14 @@ def st_model(model_dir: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def classifier_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.tiny_models import build_classifier
+    from tests.tiny_kinds import build_classifier
 
     return build_classifier(tmp_path_factory.mktemp("classifier"), model_dir, ["negative", "neutral", "positive"])
 
 
 @pytest.fixture(scope="session")
 def cross_encoder_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.tiny_models import build_classifier
+    from tests.tiny_kinds import build_classifier
 
     return build_classifier(tmp_path_factory.mktemp("cross-encoder"), model_dir, ["relevance"])
 
@@ -114,7 +114,7 @@ def cross_encoder_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 @pytest.fixture(scope="session")
 def splade_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random SPLADE folder (BERT + masked-LM head), shared: no test writes into it."""
-    from tests.tiny_models import build_splade
+    from tests.tiny_kinds import build_splade
 
     return build_splade(tmp_path_factory.mktemp("splade") / "splade", model_dir)
 
@@ -122,7 +122,7 @@ def splade_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 @pytest.fixture(scope="session")
 def colbert_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random ColBERT folder (PyLate's layout), shared: no test writes into it."""
-    from tests.tiny_models import build_colbert
+    from tests.tiny_kinds import build_colbert
 
     return build_colbert(tmp_path_factory.mktemp("colbert") / "colbert", model_dir)
 

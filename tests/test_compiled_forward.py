@@ -30,7 +30,8 @@ from engine.precision import gemm
 from engine.runtime.device import cpu_has, cpu_has_int8, place
 from engine.runtime.model import PoolingModel
 from server.tokenizing.tokenizer import TokenizerPool
-from tests.tiny_models import TinyFolders, build_splade
+from tests.tiny_kinds import build_splade
+from tests.tiny_models import TinyFolders
 
 pytestmark = pytest.mark.slow
 

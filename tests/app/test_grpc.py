@@ -21,7 +21,7 @@ from tests.app.inprocess import InProcessServer, serving
 from tests.conftest import API_KEY
 from tests.server_process import free_port
 from tests.tei_grpc import tei_stubs
-from tests.tiny_models import build_splade
+from tests.tiny_kinds import build_splade
 
 TEXTS = ["Hello world, the warm pool model", "a", "naïve café 🙂", "the fourth text", "and a fifth"]
 KEY = [("authorization", f"Bearer {API_KEY}")]

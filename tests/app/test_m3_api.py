@@ -16,7 +16,7 @@ from tests.app.inprocess import serving
 from tests.checkpoints import code_running_head
 from tests.flag_reference import m3_embedder
 from tests.server_process import Served
-from tests.tiny_models import build_m3
+from tests.tiny_kinds import build_m3
 
 TEXTS = ["the warm pool model", "Hello world, the engine", "naïve café"]
 

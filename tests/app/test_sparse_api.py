@@ -122,7 +122,7 @@ def test_an_inference_free_model_encodes_queries_without_the_engine(model_dir: P
     SparseEncoder.similarity of encode_query and encode_document."""
     from sentence_transformers import SparseEncoder
 
-    from tests.tiny_models import build_inference_free
+    from tests.tiny_kinds import build_inference_free
 
     folder = build_inference_free(tmp_path / "inference-free", model_dir)
     reference = SparseEncoder(str(folder), device="cpu")

@@ -22,7 +22,7 @@ from server.core.inputs import RequestContext
 from server.core.services import ServedModel
 from server.http.errors import APIError
 from server.kinds import multi_vector
-from tests.tiny_models import build_colbert, build_multi_vector_encoder, build_stanford_colbert
+from tests.tiny_kinds import build_colbert, build_multi_vector_encoder, build_stanford_colbert
 from tests.unit.pools import pool as pool_of
 
 QUERIES = ["hello world", "what keeps the warm pool model loaded?", "naïve café 🙂", "the warm pool engine " * 8]

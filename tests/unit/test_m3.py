@@ -26,7 +26,8 @@ from server.protocols.openai import SparseOptions
 from server.tokenizing.tokenizer import TokenizerPool
 from tests.checkpoints import code_running_head
 from tests.flag_reference import m3_embedder
-from tests.tiny_models import MAX_TOKENS, build_m3
+from tests.tiny_kinds import build_m3
+from tests.tiny_models import MAX_TOKENS
 
 TEXTS = ["the warm pool model", "Hello world, the engine", "a", "naïve café", "the model text " * 30]
 ALL = ("dense", "sparse", "multi_vector")

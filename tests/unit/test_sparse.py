@@ -22,7 +22,8 @@ from engine.heads import sparse
 from engine.layers.packed import Packed
 from engine.runtime.model import PoolingModel
 from server.tokenizing.tokenizer import TokenizerPool
-from tests.tiny_models import MAX_TOKENS, build_splade
+from tests.tiny_kinds import build_splade
+from tests.tiny_models import MAX_TOKENS
 from tests.vectors import same_entries
 
 TEXTS = ["", "a", "Hello world, the warm pool model", "naïve café 🙂", "the warm pool engine keeps models loaded " * 20]
@@ -100,7 +101,7 @@ def test_an_inference_free_router_folder_serves_documents_by_the_model_and_queri
     from server.core.inputs import RequestContext
     from server.core.services import ServedModel
     from server.kinds import inference_free_sparse
-    from tests.tiny_models import build_inference_free
+    from tests.tiny_kinds import build_inference_free
 
     folder = build_inference_free(tmp_path / "inference-free", model_dir)
     info = read_model_folder(folder)
