@@ -71,7 +71,7 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
         return F.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
-    if n % ROW_STEP:  # from FLOAT32_EXACT_FROM rows, eager: the wrapper (route()) leaves them be
+    if n % ROW_STEP:  # eager float32 from FLOAT32_EXACT_FROM rows: the wrapper (route()) left them be
         rows = F.pad(rows, (0, 0, 0, (-n) % ROW_STEP))
     out = onednn(rows, entry[1], bias)[:n]
     return out.view(*x.shape[:-1], out.shape[-1])
@@ -108,10 +108,11 @@ class PackedLinear(nn.Linear):
 
 
 def route(model: nn.Module, placement: Placement) -> int:
-    """Make the float32 or bfloat16 layer projections of a CPU model PackedLinear, in place (their class only:
-    nothing copied, no name changed), their RowBucketed wrappers (engine/precision/rows.py) on
-    ROW_STEP; the number made. Done wherever the model is built, the compile worker's included, so
-    that the graph it exports has the operator."""
+    """Make the float32 or bfloat16 layer projections of a CPU model PackedLinear, in place (their
+    class only: nothing copied, no name changed), their RowBucketed wrappers (engine/precision/rows.py)
+    on ROW_STEP; the number made. Done wherever the model is built, the compile worker's included, so
+    that the graph it exports has the operator. After rows.bucket() and int8.quantize(): they find
+    plain nn.Linear layers only."""
     if placement.device.type != "cpu" or placement.dtype not in PACKABLE or placement.int8:
         return 0
     found = {id(child): (parent, child) for parent, _, child in layer_projections(model)}  # a stack in a stack: once

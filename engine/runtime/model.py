@@ -43,7 +43,7 @@ class PoolingModel:
         self.pad_id = int(config.get("pad_token_id") or 0)
         self.uses_types = bool(config.get("type_vocab_size"))
         if info.native:  # built in the forkserver where it could be (engine/runtime/preloaded.py)
-            # with `gemm_records`, its float32 layers' products on this CPU's faster backend
+            # with `gemm_records`, its float32 or bfloat16 layers' products on this CPU's faster backend
             self.model, self.weights = preloaded.native_model(info, self.placement, gemm_records)
         else:
             self.model, self.weights = _transformers_model(info, device, dtype), {"weights": "engine"}

@@ -90,9 +90,9 @@ def build_all(entries: list[tuple[str, str, Path | None]]) -> None:
 
 
 def built_with_gemm(info: ModelFolder, placement: Placement, records: Path | None) -> nn.Module:
-    """build(), then, with a GEMM records' folder, the layers' float32 projections on the backend
-    chosen for this CPU (engine/precision/gemm.py): the packed weights replace the plain ones before
-    any engine is forked, the checkpoint's pages they came from released."""
+    """build(), then, with a GEMM records' folder, the layers' float32 or bfloat16 projections on the
+    backend chosen for this CPU (engine/precision/gemm.py): the packed weights replace the plain ones
+    before any engine is forked, the checkpoint's pages they came from released."""
     model = build(info, placement)
     if records is not None and not placement.cuda and gemm.select(model, placement.precision, records):
         release_unused_pages(model, info.path)
