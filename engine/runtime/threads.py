@@ -152,6 +152,9 @@ class RunQueueDelay:
                 os.close(fd)
         self._fds = None
 
+    def __del__(self) -> None:
+        self.forget()  # its files closed with it, not left to the process's end
+
 
 def _open_schedstats() -> list[int]:
     fds = []

@@ -3,6 +3,7 @@ waiting for the serving engines to be idle."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -162,6 +163,24 @@ def test_the_run_queue_delay_is_read_from_the_kernel() -> None:
     second = delay.seconds()
     assert second is not None and second >= first
     delay.forget()
+
+
+def test_a_run_queue_reader_let_go_closes_its_files() -> None:
+    """Each engine keeps its threads' schedstat files open while it reads them; a reader dropped (an
+    engine's ThreadShare gone) leaves no descriptor behind."""
+    delay = RunQueueDelay()
+    assert delay.seconds() is not None
+    opened = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in delay._fds or []}
+    assert opened and all(path.endswith("/schedstat") for path in opened.values())
+    del delay
+    assert not [fd for fd, path in opened.items() if _link(fd) == path]
+
+
+def _link(fd: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
 
 
 def test_a_forward_on_the_shared_count_is_not_judged(monkeypatch: pytest.MonkeyPatch) -> None:
