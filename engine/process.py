@@ -49,9 +49,10 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
         info = read_model_folder(spec.model_path)
         refuse_pickles(info, spec.allow_bin_weights)
         placement = place(spec.device, spec.dtype, weight_files(info.path))  # a Router's: its encoder's
-        records = spec.compile_cache  # where the GEMM backend chosen for this CPU is kept
-        # a re-fork reads the adapters the way a run-time load does: one it cannot read is refused alone
-        model = PoolingModel(info, spec.threads, placement, () if spec.adapters_refusable else spec.adapters, records)
+        # a re-fork reads the adapters the way a run-time load does: one it cannot read is refused alone;
+        # the GEMM backend chosen for this CPU is kept in the compile cache
+        adapters = () if spec.adapters_refusable else spec.adapters
+        model = PoolingModel(info, spec.threads, placement, adapters, spec.compile_cache)
         refused = model.sync_adapters(spec.adapters)["refused"] if spec.adapters_refusable and spec.adapters else {}
         share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
         loaded = time.monotonic()

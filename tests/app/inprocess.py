@@ -10,11 +10,8 @@ starlette's TestClient, an httpx.Client: client packages take it as their HTTP c
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import multiprocessing
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -39,7 +36,7 @@ from server.core.admission import Admission
 from server.core.engine_client import EngineClient
 from server.core.services import ServedModel, Services
 from server.http.app import create_app, with_middleware
-from tests.server_process import Served
+from tests.server_process import DEFAULT_SETTINGS, Served
 
 START_TIMEOUT_S = 120.0  # an engine's load and warm-up on a loaded 2-core machine
 STOP_TIMEOUT_S = 30.0
@@ -61,16 +58,13 @@ class _Engine:
     thread: threading.Thread
 
 
-# The engines' compile cache (their GEMM backend's record, engine/precision/gemm.py): this process's
-# own, not the user's, and gone when it ends.
-_CACHE = Path(tempfile.mkdtemp(prefix="warmpool-app-cache-"))
-atexit.register(shutil.rmtree, _CACHE, True)
-
-
 def settings_for(model: Path | str, **overrides: Any) -> Settings:
     """The server's settings as `serving(model, log, **overrides)` would give them: compiling off
-    (tests/test_compiled_engine.py compiles), one engine per model (one thread each)."""
-    values: dict[str, Any] = {"model": str(model), "compile": "off", "engines": 1, "compile_cache": str(_CACHE)}
+    (tests/test_compiled_engine.py compiles), one engine per model (one thread each), the tests'
+    compile cache (tests/conftest.py: not the user's)."""
+    values: dict[str, Any] = {"model": str(model), "compile": "off", "engines": 1}
+    if "compile_cache" in DEFAULT_SETTINGS:
+        values["compile_cache"] = DEFAULT_SETTINGS["compile_cache"]
     values.update(overrides)
     return Settings(_cli_parse_args=[], **values)  # type: ignore[call-arg]
 
