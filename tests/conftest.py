@@ -41,6 +41,15 @@ LONGEST = (
     "tests/test_compiled_engine.py",
     "tests/test_lifecycle.py",
     "tests/test_on_demand.py",
+    # and the in-process layers' longest, so that their many short files even out the workers' ends
+    # (a file is one unit: one of these last kept a worker ~2 s past the other)
+    "tests/unit/test_checkpoint.py",
+    "tests/unit/test_sparse.py",
+    "tests/unit/test_batch_invariance.py",
+    "tests/unit/test_pooling.py",
+    "tests/unit/test_clip.py",
+    "tests/unit/test_families.py",
+    "tests/unit/test_compile_cache.py",
 )
 # How make test's alone pass finds its files (the Makefile's ALONE_FILES, a grep): an `alone` test in a
 # file without it would run in neither pass.

@@ -5,7 +5,6 @@ tests/test_compiled_engine.py builds real ones)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -20,22 +19,14 @@ from engine.compiling import package as compiled
 from engine.compiling.compilation import UNPACKED, Compilation
 from engine.compiling.package import CompiledForward, CompileError, cache_key
 from engine.runtime.model import PoolingModel
+from tests.checkpoints import linked_copy
 
 
 @pytest.fixture
 def folder(model_dir: Path, tmp_path: Path) -> Path:
     """A copy of the default model's folder (its files' times kept), to change files of. Its 90 MB of
     weights are a hard link where the file system allows (no test writes them; one removes them)."""
-
-    def copy(source: str, dest: str) -> None:
-        if source.endswith(".safetensors"):
-            try:
-                return os.link(source, dest)
-            except OSError:  # another file system
-                pass
-        shutil.copy2(source, dest)
-
-    return Path(shutil.copytree(model_dir, tmp_path / "model", copy_function=copy))
+    return linked_copy(model_dir, tmp_path / "model")
 
 
 def test_the_same_model_and_precision_give_the_same_key(folder: Path) -> None:

@@ -10,7 +10,6 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["DO_NOT_TRACK"] = "1"
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from engine.heads.pooling import pool, pool_packed
 from engine.layers.packed import Packed
 from engine.runtime.model import PoolingModel
 from server.core.outputs import normalize
+from tests.checkpoints import linked_copy
 
 MODES: tuple[PoolingMode, ...] = ("mean", "cls", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens")
 POOLING_KEYS: dict[PoolingMode, str] = {
@@ -110,7 +110,7 @@ def test_pool_packed_matches_sentence_transformers(
 def folder_with_pooling(model_dir: Path, target: Path, mode: PoolingMode) -> Path:
     """A copy of the model folder whose 1_Pooling config turns on `mode` alone."""
     folder = target / f"minilm-{mode}"
-    shutil.copytree(model_dir, folder)
+    linked_copy(model_dir, folder)
     config_path = folder / "1_Pooling" / "config.json"
     config = json.loads(config_path.read_text())
     config.update({key: False for key in [*config, *POOLING_KEYS.values()] if key.startswith("pooling_mode")})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import struct
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from server.core.result_cache import (
 )
 from server.core.services import Services
 from server.core.shared_cache import Breaker
+from tests.checkpoints import linked_copy
 
 BASE = Tokens([101, 2023, 102], [0, 0, 0])
 
@@ -120,7 +120,7 @@ def test_the_model_digest_covers_how_it_runs(model_dir: Path, change: str) -> No
 
 def test_the_model_digest_covers_the_files(model_dir: Path, tmp_path: Path) -> None:
     copy = tmp_path / "model"
-    shutil.copytree(model_dir, copy)
+    linked_copy(model_dir, copy)
     before = model_digest(copy, "float32", "cpu", "off")
     assert model_digest(copy, "float32", "cpu", "off") == before  # the same files: the same digest
     config = copy / "config.json"
