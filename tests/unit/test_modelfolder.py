@@ -1,9 +1,8 @@
-"""Reading a model folder from its config files: kind, pooling, lengths, labels; ModelError for anything else."""
+"""Reading a model folder from its config files: kind, pooling, lengths, labels (what it refuses:
+tests/unit/test_modelfolder_errors.py)."""
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -13,71 +12,17 @@ from common.folderjson import ModelError
 from common.modelfiles import files_to_load
 from common.modelfolder import read_model_folder
 from common.st_modules import DenseLayer
-
-BERT_CONFIG: dict[str, Any] = {
-    "architectures": ["BertModel"],
-    "model_type": "bert",
-    "hidden_act": "gelu",
-    "hidden_size": 32,
-    "vocab_size": 100,
-    "max_position_embeddings": 512,
-    "position_embedding_type": "absolute",
-}
-
-TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
-POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
-NORMALIZE = {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
-DENSE = {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
-
-MEAN_POOLING = {
-    "word_embedding_dimension": 32,
-    "pooling_mode_cls_token": False,
-    "pooling_mode_mean_tokens": True,
-    "pooling_mode_max_tokens": False,
-    "pooling_mode_mean_sqrt_len_tokens": False,
-}
-
-
-def write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
-
-
-def make_folder(
-    root: Path,
-    config: Any = BERT_CONFIG,
-    *,
-    modules: list[Any] | None = None,
-    pooling: dict[str, Any] | None = None,
-    st_config: dict[str, Any] | None = None,
-    tokenizer: dict[str, Any] | None = None,
-    weights: bool = False,
-) -> Path:
-    """A model folder with the given JSON files (those left as None are not written)."""
-    folder = root / "model"
-    folder.mkdir()
-    write_json(folder / "config.json", config)
-    if modules is not None:
-        write_json(folder / "modules.json", modules)
-    if pooling is not None:
-        write_json(folder / "1_Pooling" / "config.json", pooling)
-    if st_config is not None:
-        write_json(folder / "sentence_bert_config.json", st_config)
-    if tokenizer is not None:
-        write_json(folder / "tokenizer_config.json", tokenizer)
-    if weights:
-        (folder / "model.safetensors").write_bytes(b"")
-    return folder
-
-
-def classifier_config(labels: list[str]) -> dict[str, Any]:
-    return {
-        **BERT_CONFIG,
-        "architectures": ["BertForSequenceClassification"],
-        "id2label": {str(i): label for i, label in enumerate(labels)},
-        "label2id": {label: i for i, label in enumerate(labels)},
-    }
-
+from tests.model_folders import (
+    BERT_CONFIG,
+    DENSE,
+    MEAN_POOLING,
+    NORMALIZE,
+    POOLING,
+    TRANSFORMER,
+    classifier_config,
+    make_folder,
+    write_json,
+)
 
 # The real model, read in place (config files only; the weights are not opened).
 
@@ -213,116 +158,6 @@ def test_a_model_of_no_native_family_with_safetensors_weights_is_not_native(tmp_
     """A model_type no native family covers needs transformers whatever its weights' format."""
     config = {**BERT_CONFIG, "model_type": "distilbert", "architectures": ["DistilBertModel"]}
     assert read_model_folder(make_folder(tmp_path, config, weights=True)).native is False
-
-
-# Broken folders: always ModelError, with a message that names the problem
-
-
-def test_a_missing_folder_is_a_model_error_naming_it(tmp_path: Path) -> None:
-    """A path with no folder behind it is reported as not found."""
-    missing = tmp_path / "nope"
-    with pytest.raises(ModelError, match="not found") as caught:
-        read_model_folder(missing)
-    assert str(missing) in str(caught.value)
-
-
-def test_a_folder_without_config_json_is_a_model_error(tmp_path: Path) -> None:
-    """A folder with no config.json is not a model."""
-    with pytest.raises(ModelError, match=r"no config\.json"):
-        read_model_folder(tmp_path)
-
-
-def test_a_config_json_that_is_not_json_is_a_model_error_naming_the_file(tmp_path: Path) -> None:
-    """Unparseable config.json: the message says which file could not be read."""
-    folder = make_folder(tmp_path)
-    (folder / "config.json").write_text('{"architectures": ["BertModel"')
-    with pytest.raises(ModelError, match=r"cannot read .*config\.json"):
-        read_model_folder(folder)
-
-
-def test_a_config_json_that_is_a_json_string_is_a_model_error(tmp_path: Path) -> None:
-    """config.json must hold a JSON object; a string is refused as such."""
-    with pytest.raises(ModelError, match=r"config\.json is not a JSON object"):
-        read_model_folder(make_folder(tmp_path, "BertModel"))
-
-
-def test_a_config_json_that_is_a_json_list_is_a_model_error(tmp_path: Path) -> None:
-    """config.json must hold a JSON object; a list is refused too (modules.json may be one, config.json not)."""
-    with pytest.raises(ModelError, match=r"config\.json"):
-        read_model_folder(make_folder(tmp_path, [BERT_CONFIG]))
-
-
-def test_a_config_json_nested_too_deep_to_parse_is_a_model_error(tmp_path: Path) -> None:
-    """JSON nested past the parser's recursion limit is unreadable, not a crash of another type."""
-    folder = make_folder(tmp_path)
-    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(ModelError, match=r"config\.json"):
-        read_model_folder(folder)
-
-
-@pytest.mark.parametrize(
-    "changes",
-    [
-        {"max_position_embeddings": "lots"},
-        {"hidden_size": [384]},
-        {"hidden_size": math.inf},
-        {"architectures": 5},
-        {"architectures": [5]},
-        {"architectures": "BertModel"},
-        {"architectures": ["BertForSequenceClassification"], "id2label": [1, 2]},
-        {"architectures": ["BertForSequenceClassification"], "id2label": {"first": "a"}},
-    ],
-    ids=[
-        "positions-is-a-word",
-        "hidden-size-is-a-list",
-        "hidden-size-is-infinite",
-        "architectures-is-a-number",
-        "architecture-is-a-number",
-        "architectures-is-a-string",
-        "id2label-is-a-list",
-        "id2label-key-is-not-a-number",
-    ],
-)
-def test_config_values_of_the_wrong_type_are_a_model_error(tmp_path: Path, changes: dict[str, Any]) -> None:
-    """A config.json of the wrong shape is refused as a ModelError naming the folder, never a crash."""
-    folder = make_folder(tmp_path, {**BERT_CONFIG, **changes})
-    with pytest.raises(ModelError) as caught:
-        read_model_folder(folder)
-    assert str(folder) in str(caught.value)
-
-
-@pytest.mark.parametrize(
-    "files",
-    [
-        {"modules": ["sentence_transformers.models.Transformer"]},
-        {"modules": [{**POOLING, "path": 5}]},
-        {"st_config": {"max_seq_length": "long"}},
-    ],
-    ids=["module-entry-is-a-string", "module-path-is-a-number", "max-seq-length-is-not-a-number"],
-)
-def test_other_config_files_of_the_wrong_shape_are_a_model_error(tmp_path: Path, files: dict[str, Any]) -> None:
-    """The sentence-transformers files are checked as strictly as config.json."""
-    folder = make_folder(tmp_path, **files)
-    with pytest.raises(ModelError) as caught:
-        read_model_folder(folder)
-    assert str(folder) in str(caught.value)
-
-
-def test_combined_pooling_modes_are_a_model_error_naming_them(tmp_path: Path) -> None:
-    """Mean and CLS pooling at once cannot be served; the message lists the modes."""
-    pooling = {**MEAN_POOLING, "pooling_mode_cls_token": True}
-    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING], pooling=pooling)
-    with pytest.raises(ModelError, match="combined pooling modes") as caught:
-        read_model_folder(folder)
-    assert "mean" in str(caught.value) and "cls" in str(caught.value)
-
-
-def test_an_unsupported_sentence_transformers_module_is_a_model_error_naming_it(tmp_path: Path) -> None:
-    """A LayerNorm module after pooling changes the vectors; refusing beats serving wrong ones."""
-    layer_norm = {**DENSE, "path": "2_LayerNorm", "type": "sentence_transformers.models.LayerNorm"}
-    folder = make_folder(tmp_path, modules=[TRANSFORMER, POOLING, layer_norm], pooling=MEAN_POOLING)
-    with pytest.raises(ModelError, match=r"sentence_transformers\.models\.LayerNorm is not supported"):
-        read_model_folder(folder)
 
 
 # Dense modules, pooling mode names, and the native families
