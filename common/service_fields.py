@@ -42,12 +42,13 @@ class ServiceFields(BaseSettings):
         7 * 86400.0, gt=0, description="Seconds a Batch API file or finished job is kept, then deleted."
     )
     batch_concurrency: int = Field(
-        32,
+        128,
         ge=1,
         le=256,
         description=(
             "Lines of a batch job run at once, at bulk priority (interactive requests first; engines run bulk work "
-            "in small groups while interactive inputs are about)."
+            "in small groups while interactive inputs are about, in large ones while none are), within the "
+            "admission permits bulk work may take."
         ),
     )
 

@@ -23,7 +23,7 @@ from common.wire import EngineSpec, Keyed, Msg, send
 from engine.compiling.compilation import Compilation, begin
 from engine.heads import answer
 from engine.layers.checkpoint import refuse_pickles
-from engine.runtime.batching import GROUP_TOKENS, Pending, split_by_length, split_by_urgency, split_packed
+from engine.runtime.batching import BULK_ALONE_GROUP_TOKENS, Pending, split_by_length, split_by_urgency, split_packed
 from engine.runtime.device import memory_detail, place
 from engine.runtime.heap import HeapTrim
 from engine.runtime.inbox import Inbox
@@ -87,6 +87,8 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
         warmup_s = time.monotonic() - loaded
         compilation, compile_detail = _compile(conn, model, spec)
         share.idle()
+        # the most tokens one answer can wait on (a bulk group alone, or one input): the stall watchdog's yardstick
+        group_tokens = max(BULK_ALONE_GROUP_TOKENS, info.max_model_len) if model.packed else spec.max_batch_tokens
         send(
             conn,
             (
@@ -96,8 +98,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
                     **({"waited_for_idle_s": round(waited, 3)} if spec.quiet_wait_s else {}),
                     "call_overhead_tokens": round(overhead, 1),
                     "ms_per_token": round(warmup.per_token_s * 1000, 4),
-                    # the most tokens one answer can wait on: the stall watchdog's yardstick
-                    "group_tokens": max(GROUP_TOKENS, info.max_model_len) if model.packed else spec.max_batch_tokens,
+                    "group_tokens": group_tokens,
                     **warmup.detail,
                     "compile": compile_detail,
                 },

@@ -41,6 +41,10 @@ GROUP_PER_LINE_AT_ONCE = 4  # a group is this many times the lines run at once: 
 GROUPS_AHEAD = 2  # groups running at once: the next one's lines start as the last of one's run
 SWEEP_S = 600.0  # how often files and jobs past WARMPOOL_BATCH_RETENTION are looked for
 RETRY_MAX_S = 1.0  # a line refused for a full server (429) or no engine (503) is tried again, backing off to this
+# A line up to this long is prepared and rendered on the loop, as gRPC's short messages are
+# (server/grpc/calls.py): less CPU than the two executor hops around it. The HTTP process took 0.15
+# of 2 Zen 5 cores during a job instead of 0.21, the engines the rest: 1.03x the lines/s.
+LOOP_LINE_BYTES = 1024
 
 
 class BatchRunner:
@@ -135,7 +139,9 @@ class BatchRunner:
         failed_before = record["request_counts"]["failed"]
         running = self.running = RunningJob(batch_id, found.total, progress.next_line, failed_before)
         self._show_progress()
-        at_once = asyncio.Semaphore(self.concurrency)  # across groups: the next one's lines fill what one frees
+        # across groups: the next one's lines fill what one frees; within the permits bulk work may take
+        # (a smaller server's lines would only be refused and retried)
+        at_once = asyncio.Semaphore(min(self.concurrency, self.svc.admission.bulk_capacity))
         ahead: collections.deque[tuple[asyncio.Future[Ran], int, int]] = collections.deque()  # (its run, offset, lines)
         read_line, read_offset = progress.next_line, progress.in_offset
         try:
@@ -230,7 +236,10 @@ class BatchRunner:
                     403, f"the job's tenant '{whose.tenant}' is no longer in the keys file", code="tenant_gone"
                 )
                 return Answer(gone.status, bytes(response_for(gone).body))
-            answer = await answer_body(self.svc, endpoint.prepare, endpoint.render, body, BATCH_PRIORITY, stop, tenant)
+            short = len(body) <= LOOP_LINE_BYTES
+            answer = await answer_body(
+                self.svc, endpoint.prepare, endpoint.render, body, BATCH_PRIORITY, stop, tenant, short
+            )
             if not answer.transient:
                 return answer
             await asyncio.wait([stop], timeout=delay)

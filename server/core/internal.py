@@ -31,14 +31,17 @@ async def answer_body(
     priority: int,
     gone: asyncio.Future[Any],
     tenant: TenantPass | None = None,
+    on_loop: bool = False,
 ) -> Answer:
     """The route's answer to `raw` (within `tenant`'s models and quota): 200 and its JSON body, or an
     error's status and OpenAI's error body. ClientDisconnected once `gone` is done (the job was
-    cancelled or stops)."""
+    cancelled or stops). `on_loop`: a short body's, prepared and rendered on the loop (pipeline.respond)."""
     try:
         await svc.serving_model()
         traced: dict[str, Any] = {"timings": Timings()}
-        prepared, outcome, _ = await respond(svc, prepare, render, raw, "openai", priority, traced, gone, tenant)
+        prepared, outcome, _ = await respond(
+            svc, prepare, render, raw, "openai", priority, traced, gone, tenant, on_loop
+        )
     except ClientDisconnected:
         raise
     except Exception as exc:  # answered as the HTTP route answers it

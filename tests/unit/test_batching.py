@@ -11,6 +11,7 @@ import pytest
 
 from common.wire import Keyed, Tokens
 from engine.runtime.batching import (
+    BULK_ALONE_GROUP_TOKENS,
     BULK_GROUP_TOKENS,
     GROUP_TOKENS,
     Pending,
@@ -277,11 +278,11 @@ def test_drop_removes_cancelled_inputs_of_every_priority() -> None:
 
 
 def test_bulk_runs_in_small_groups_only_while_urgent_work_is_about() -> None:
-    """Bulk alone keeps the usual group budget; an urgent arrival shrinks bulk groups for a while,
+    """Bulk alone runs in large groups; an urgent arrival shrinks bulk groups for a while,
     and the urgent inputs never share a group with bulk ones."""
     pending = Pending()
     pending.extend([urgent(0, 60, 1)])
-    assert pending.bulk_group_tokens() == GROUP_TOKENS
+    assert pending.bulk_group_tokens() == BULK_ALONE_GROUP_TOKENS > GROUP_TOKENS
     pending.extend([urgent(1, 10, 0)])
     assert pending.bulk_group_tokens() == BULK_GROUP_TOKENS
     batch = [urgent(1, 10, 0), *(urgent(k, 40, 1) for k in range(2, 8))]

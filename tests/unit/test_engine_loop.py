@@ -11,7 +11,7 @@ import pytest
 
 from common.wire import Msg, Tokens, send
 from engine.process import _handle, _run_batch
-from engine.runtime.batching import Pending
+from engine.runtime.batching import BULK_ALONE_GROUP_TOKENS, Pending
 from engine.runtime.inbox import Inbox
 from engine.runtime.model import PoolingModel
 
@@ -97,7 +97,8 @@ def test_more_urgent_work_stops_a_batch_between_groups(reader: bool) -> None:
     """An urgent input arriving while a bulk batch runs stops it after the group in progress: the
     groups not run go back to the queue behind the urgent input, in their order."""
     ours, theirs = multiprocessing.Pipe(duplex=True)
-    bulk = [(key, Tokens(list(range(300)), priority=1)) for key in range(3)]  # one group each
+    # one group each: more than half a bulk group's budget (no interactive input seen yet, a large one)
+    bulk = [(key, Tokens(list(range(BULK_ALONE_GROUP_TOKENS * 3 // 4)), priority=1)) for key in range(3)]
     send(ours, (Msg.SUBMIT, [(9, Tokens([1, 2, 3]))]))  # priority 0, there before the second group
     pending = Pending()
     assert _run_batch(received(theirs, reader), FakeModel(), bulk, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
