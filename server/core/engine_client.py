@@ -25,6 +25,7 @@ import numpy as np
 import structlog
 
 from common.wire import Keyed, Msg, Tokens
+from server.core.bulk_routing import BulkRouting
 from server.core.engine_adapters import AdapterFolders, AdapterUnavailable, EngineAdapters
 from server.core.engine_events import BatchStats, EngineEvents
 from server.core.engine_modes import EAGER, EngineModes
@@ -93,6 +94,7 @@ class EngineClient:
         self.modes = EngineModes()  # which forward each engine runs: the result cache keys by it
         self._reported: set[EnginePipe] = set()  # stalls already reported, once per pipe
         self._stalled: set[int] = set()  # slots routed around: no answer for STALLED_SHARE of the timeout
+        self.routing = BulkRouting()  # an engine kept from bulk work while interactive inputs are about
         self.stall_timeout_s = stall_timeout_s  # None until known: no watchdog before then
         self.group_s = 0.0  # one group's forward as warm-up measured: none is taken for stalled sooner than two
         self._watchdog = threading.Event()
@@ -137,6 +139,7 @@ class EngineClient:
         with self._lock:
             if not self._slots:
                 raise EngineUnavailable("no engine is running")
+            self.routing.saw(items)
             self._entries.update(zip(keys, entries, strict=True))
             self._dispatch(entries)
         return future, keys
@@ -170,14 +173,17 @@ class EngineClient:
             self._settle(req, EngineUnavailable(reason))
 
     def _dispatch(self, entries: list[_Entry]) -> None:
-        """Each input to the engine of _targets with the fewest tokens outstanding, among those that
-        have not refused its adapter where any has not (caller holds the lock)."""
+        """Each input to the engine of _targets with the fewest tokens outstanding, among those its
+        priority may take (BulkRouting) and those that have not refused its adapter where any has not
+        (caller holds the lock)."""
         if not self._slots or not entries:
             return
         slots = self._targets()
         batches: dict[int, list[Keyed]] = {}
         for entry in entries:
-            able = self.adapters.able(slots, entry.request.items[entry.index][1].adapter)
+            tokens = entry.request.items[entry.index][1]
+            allowed = self.routing.targets(slots, tokens.priority)
+            able = self.adapters.able(allowed, tokens.adapter) or self.adapters.able(slots, tokens.adapter)
             slot = min(able or slots, key=lambda s: self._slots[s].load)
             entry.slot = slot
             self._slots[slot].add(entry.tokens)

@@ -9,6 +9,8 @@ import time
 import numpy as np
 import pytest
 
+from common.wire import Tokens
+from server.core.bulk_routing import URGENT_WINDOW_S
 from server.core.outcome import Outcome
 from tests.unit.engine_rig import EXECUTOR_PREFIX, Rig, result, run, tok, until
 
@@ -138,5 +140,40 @@ def test_cancel_sends_cancel_to_the_engines_holding_the_keys() -> None:
         assert a.cancels == [a.keys]
         assert b.cancels == [b.keys]
         assert not future.done()  # the client left: nobody waits on it
+
+    run(scenario)
+
+
+def bulk(first: int, length: int) -> Tokens:
+    return tok(first, length)._replace(priority=1)
+
+
+def test_bulk_inputs_spread_over_every_engine_while_no_interactive_input_is_about() -> None:
+    async def scenario(rig: Rig) -> None:
+        a, b = rig.attach(0), rig.attach(1)
+        rig.client.submit([bulk(1, 3)])
+        rig.client.submit([bulk(2, 3)])
+        await until(lambda: len(a.keys) == len(b.keys) == 1, "one bulk input at each engine")
+
+    run(scenario)
+
+
+def test_bulk_inputs_keep_off_one_engine_while_interactive_inputs_are_about() -> None:
+    """After an interactive input, bulk inputs go to the other engines only, however loaded, for
+    URGENT_WINDOW_S; then to every engine again."""
+
+    async def scenario(rig: Rig) -> None:
+        a, b = rig.attach(0), rig.attach(1)
+        urgent_future, (urgent_key,) = rig.client.submit([tok(1, 3)])
+        await until(lambda: urgent_key in a.keys + b.keys, "the interactive input at an engine")
+        (a if urgent_key in a.keys else b).answer([urgent_key])
+        await result(urgent_future)
+        bulk_keys = [rig.client.submit([bulk(2 + i, 3)])[1][0] for i in range(3)]
+        await until(lambda: len(a.keys) + len(b.keys) == 4, "the bulk inputs at the engines")
+        assert set(bulk_keys) <= set(b.keys) and not set(bulk_keys) & set(a.keys)
+        rig.client.routing.urgent_at -= URGENT_WINDOW_S  # the window over
+        _, (later,) = rig.client.submit([bulk(9, 3)])
+        await until(lambda: later in a.keys + b.keys, "the later bulk input at an engine")
+        assert later in a.keys  # the least loaded again
 
     run(scenario)
