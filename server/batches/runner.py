@@ -43,7 +43,8 @@ SWEEP_S = 600.0  # how often files and jobs past WARMPOOL_BATCH_RETENTION are lo
 RETRY_MAX_S = 1.0  # a line refused for a full server (429) or no engine (503) is tried again, backing off to this
 # A line up to this long is prepared and rendered on the loop, as gRPC's short messages are
 # (server/grpc/calls.py): less CPU than the two executor hops around it. The HTTP process took 0.15
-# of 2 Zen 5 cores during a job instead of 0.21, the engines the rest: 1.03x the lines/s.
+# of 2 Zen 5 cores during a job instead of 0.21, the engines the rest: 1.03x the lines/s. Never while
+# a model that reads images serves: an image is fetched and decoded off the loop (prepare_in_time).
 LOOP_LINE_BYTES = 1024
 
 
@@ -236,7 +237,8 @@ class BatchRunner:
                     403, f"the job's tenant '{whose.tenant}' is no longer in the keys file", code="tenant_gone"
                 )
                 return Answer(gone.status, bytes(response_for(gone).body))
-            short = len(body) <= LOOP_LINE_BYTES
+            images = any(model.folder.vision is not None for model in self.svc.models.values())
+            short = len(body) <= LOOP_LINE_BYTES and not images
             answer = await answer_body(
                 self.svc, endpoint.prepare, endpoint.render, body, BATCH_PRIORITY, stop, tenant, short
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from server.batches.runner import LOOP_LINE_BYTES
 from tests.app.inprocess import serving
 from tests.image_host import png_host
-from tests.server_process import Served
+from tests.server_process import Served, wait_for
 from tests.tiny_vision import build_clip, build_siglip, image_bytes
 from tests.unit.test_images import bomb
 
@@ -61,7 +63,10 @@ def siglip_server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFac
     """SigLIP (the default) with image URLs fetched from 127.0.0.1 alone (the test's HTTP server), and
     beside it the SigLIP folder that ships sentencepiece's model alone."""
     models = f"siglip={folders['siglip']},siglip-spm={folders['siglip-spm']}"
-    with serving(folders["siglip"], models=models, image_urls="allowlist", image_url_allowlist="127.0.0.1") as proc:
+    batches = tmp_path_factory.mktemp("batches")
+    with serving(
+        folders["siglip"], models=models, image_urls="allowlist", image_url_allowlist="127.0.0.1", batch_dir=batches
+    ) as proc:
         yield proc
 
 
@@ -201,6 +206,31 @@ def test_allowlisted_url_is_fetched_and_redirects_followed(
     got = vectors(siglip_server.post("/v1/embeddings", json=body))
     want = expected_images(folders["siglip"], [image_bytes("PNG", seed=5)] * 2)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_a_batch_line_naming_an_image_url_is_answered_as_the_route_answers_it(
+    siglip_server: Served, images_host: str
+) -> None:
+    """A Batch API line (short: the size of line prepared on the event loop for a text model) whose
+    input is an image URL: fetched through the pipeline, its vector the route's."""
+    body = {"input": [f"{images_host}/cat.png"], "modality": "image"}
+    line = {"custom_id": "cat", "method": "POST", "url": "/v1/embeddings", "body": body}
+    assert len(json.dumps(body)) <= LOOP_LINE_BYTES
+    files = {"file": ("in.jsonl", json.dumps(line).encode() + b"\n", "application/jsonl")}
+    upload = siglip_server.client.post("/v1/files", files=files, data={"purpose": "batch"})
+    assert upload.status_code == 200, upload.text
+    create = {"input_file_id": upload.json()["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"}
+    batch_id = siglip_server.post("/v1/batches", json=create).json()["id"]
+
+    def done() -> dict[str, Any] | None:
+        record: dict[str, Any] = siglip_server.get(f"/v1/batches/{batch_id}").json()
+        return record if record["status"] == "completed" else None
+
+    record = wait_for(done, 60, "the batch to complete")
+    assert record["request_counts"] == {"total": 1, "completed": 1, "failed": 0}, record
+    (answer,) = siglip_server.get(f"/v1/files/{record['output_file_id']}/content").text.splitlines()
+    got = np.array(json.loads(answer)["response"]["body"]["data"][0]["embedding"], dtype=np.float32)
+    np.testing.assert_allclose(got, vectors(siglip_server.post("/v1/embeddings", json=body))[0], atol=1e-6, rtol=0)
 
 
 def test_a_requests_image_urls_are_fetched_at_once_within_one_timeout(
