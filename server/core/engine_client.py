@@ -2,8 +2,9 @@
 
 Pickling and pipe writes happen on each engine's sender thread and result bookkeeping on its
 reader thread (server.core.engine_pipe), so the event loop only registers futures and receives
-finished requests. Each input goes to the engine with the fewest tokens outstanding; a dead
-engine's inputs move to the others, once per request. An engine with work outstanding that
+finished requests. Each input goes to the engine with the fewest tokens outstanding (bulk ones while
+interactive ones are about: of all but one, server.core.bulk_routing); a dead engine's inputs move to
+the others, once per request. An engine with work outstanding that
 answers nothing for a quarter of the stall timeout is taken for stalled: it gets no new work while
 another engine answers, and what it holds moves to those; past the whole stall timeout it is
 reported, so the supervisor can kill and replace it.
@@ -173,21 +174,19 @@ class EngineClient:
             self._settle(req, EngineUnavailable(reason))
 
     def _dispatch(self, entries: list[_Entry]) -> None:
-        """Each input to the engine of _targets with the fewest tokens outstanding, among those its
-        priority may take (BulkRouting) and those that have not refused its adapter where any has not
-        (caller holds the lock)."""
+        """Each input to the engine of _targets with the fewest tokens outstanding, of those its priority
+        may take (BulkRouting) that have not refused its adapter where any has not (caller holds the lock)."""
         if not self._slots or not entries:
             return
         slots = self._targets()
         batches: dict[int, list[Keyed]] = {}
         for entry in entries:
-            tokens = entry.request.items[entry.index][1]
+            key, tokens = entry.request.items[entry.index]
             allowed = self.routing.targets(slots, tokens.priority)
             able = self.adapters.able(allowed, tokens.adapter) or self.adapters.able(slots, tokens.adapter)
-            slot = min(able or slots, key=lambda s: self._slots[s].load)
-            entry.slot = slot
+            entry.slot = slot = min(able or slots, key=lambda s: self._slots[s].load)
             self._slots[slot].add(entry.tokens)
-            batches.setdefault(slot, []).append(entry.request.items[entry.index])
+            batches.setdefault(slot, []).append((key, tokens))
         for slot, items in batches.items():
             self._slots[slot].send((Msg.SUBMIT, items))
 
