@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -29,6 +28,7 @@ from common.wire import Keyed, Msg, Tokens
 from server.core.bulk_routing import BulkRouting
 from server.core.engine_adapters import AdapterFolders, AdapterUnavailable, EngineAdapters
 from server.core.engine_events import BatchStats, EngineEvents
+from server.core.engine_inflight import InFlight, InFlightInput
 from server.core.engine_modes import EAGER, EngineModes
 from server.core.engine_pipe import EnginePipe
 from server.core.outcome import Outcome
@@ -50,30 +50,6 @@ log = structlog.get_logger("warmpool.engine_client")
 STALLED_SHARE = 0.25
 
 
-@dataclass(eq=False)
-class _Request:
-    future: asyncio.Future[Outcome]
-    items: list[Keyed]
-    rows: list[np.ndarray | None]
-    then: Callable[[Outcome], Any] | None = None
-    submitted: float = field(default_factory=time.perf_counter)
-    inference_ms: float = 0.0
-    attempts: int = 0
-
-
-@dataclass(eq=False)
-class _Entry:
-    """One input on its way: its request, its row there, and the engine it was sent to."""
-
-    request: _Request
-    index: int
-    slot: int | None
-
-    @property
-    def tokens(self) -> int:
-        return len(self.request.items[self.index][1].input_ids)
-
-
 class EngineClient:
     def __init__(
         self,
@@ -89,7 +65,7 @@ class EngineClient:
         self._events = events
         self._lock = threading.Lock()
         self._keys = itertools.count()
-        self._entries: dict[int, _Entry] = {}
+        self._entries: dict[int, InFlightInput] = {}
         self._slots: dict[int, EnginePipe] = {}
         self._stopped = False
         self.modes = EngineModes()  # which forward each engine runs: the result cache keys by it
@@ -135,8 +111,8 @@ class EngineClient:
         future: asyncio.Future[Outcome] = self._loop.create_future()
         keys = [next(self._keys) for _ in tokens]
         items = list(zip(keys, tokens, strict=True))
-        request = _Request(future, items, [None] * len(items), then)
-        entries = [_Entry(request, index, None) for index in range(len(items))]
+        request = InFlight(future, items, [None] * len(items), then)
+        entries = [InFlightInput(request, index, None) for index in range(len(items))]
         with self._lock:
             if not self._slots:
                 raise EngineUnavailable("no engine is running")
@@ -173,7 +149,7 @@ class EngineClient:
         for req in requests:
             self._settle(req, EngineUnavailable(reason))
 
-    def _dispatch(self, entries: list[_Entry]) -> None:
+    def _dispatch(self, entries: list[InFlightInput]) -> None:
         """Each input to the engine of _targets with the fewest tokens outstanding, of those its priority
         may take (BulkRouting) that have not refused its adapter where any has not (caller holds the lock)."""
         if not self._slots or not entries:
@@ -195,7 +171,7 @@ class EngineClient:
         return [s for s in self._slots if s not in self._stalled] or list(self._slots)
 
     @staticmethod
-    def _requests_of(entries: Iterable[_Entry]) -> list[_Request]:
+    def _requests_of(entries: Iterable[InFlightInput]) -> list[InFlight]:
         return list({id(e.request): e.request for e in entries}.values())
 
     def _on_message(self, pipe: EnginePipe, kind: str, body: Any) -> None:
@@ -266,7 +242,7 @@ class EngineClient:
     def _on_result(self, keys: list[int], vectors: np.ndarray, stats: dict[str, Any], slot: int) -> None:
         """Engine `slot`'s rows. An input moved off it while it stalled may come back from it still
         (it was running them): the engine it moved to is then told to drop it."""
-        done: list[_Request] = []
+        done: list[InFlight] = []
         share = stats["inference_ms"] / max(len(keys), 1)
         with self._lock:
             self._answered(keys, slot)
@@ -280,7 +256,7 @@ class EngineClient:
                 if all(r is not None for r in req.rows):
                     done.append(req)
         self._events.batch_done(BatchStats(stats["batch_size"], stats["batch_tokens"], stats["inference_ms"]))
-        settled: list[tuple[_Request, Outcome | Exception]] = []
+        settled: list[tuple[InFlight, Outcome | Exception]] = []
         for req in done:
             total_ms = (time.perf_counter() - req.submitted) * 1000
             inference_ms = min(req.inference_ms, total_ms)
@@ -294,7 +270,7 @@ class EngineClient:
                 settled.append((req, exc))
         self._settle_all(settled)
 
-    def _finish(self, req: _Request, outcome: Outcome) -> None:
+    def _finish(self, req: InFlight, outcome: Outcome) -> None:
         """On the executor: the request's `then`, then its future."""
         assert req.then is not None
         try:
@@ -345,7 +321,7 @@ class EngineClient:
         for other, dropped in by_slot.items():
             self._slots[other].send((Msg.CANCEL, dropped))
 
-    def _forget(self, requests: list[_Request]) -> None:
+    def _forget(self, requests: list[InFlight]) -> None:
         """Drop every input of these requests (caller holds the lock)."""
         self._drop([key for req in requests for key, _ in req.items])
 
@@ -386,10 +362,10 @@ class EngineClient:
             self._settle(req, EngineUnavailable("engines died twice while running this request"))
         self._events.engine_lost(slot)
 
-    def _settle(self, req: _Request, result: Outcome | Exception) -> None:
+    def _settle(self, req: InFlight, result: Outcome | Exception) -> None:
         self._settle_all([(req, result)])
 
-    def _settle_all(self, results: list[tuple[_Request, Outcome | Exception]]) -> None:
+    def _settle_all(self, results: list[tuple[InFlight, Outcome | Exception]]) -> None:
         """One wake-up of the event loop for all the requests a message finished."""
 
         def settle() -> None:
