@@ -11,6 +11,7 @@
    WARMPOOL_API_KEY (no quota) measured in the same run. Target: the quota check within 20 us a request.
 Never asserts.
 Usage: .venv/bin/python -m bench.tenants [--rounds 3] [--seconds 8] [--quiet-rate 20] [--noisy-quota 10]
+       [--noisy-inputs 1]
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ def keys_file(path: Path, noisy_quota: float) -> Path:
 
 
 async def paced(
-    port: int, key: str, rate: float, seconds: float, texts: list[str], seed: int
+    port: int, key: str, rate: float, seconds: float, texts: list[str], seed: int, inputs: int = 1
 ) -> list[tuple[int, float]]:
-    """(status, ms) of requests sent at `rate` a second for `seconds` (a late answer delays the next)."""
+    """(status, ms) of requests of `inputs` texts sent at `rate` a second for `seconds` (a late answer
+    delays the next)."""
     conn, out = Connection(port), []
     headers = {"authorization": f"Bearer {key}"}
     start = time.perf_counter()
@@ -50,7 +52,9 @@ async def paced(
         if delay > 0:
             await asyncio.sleep(delay)
         t0 = time.perf_counter()
-        status, _, _ = await conn.post("/v1/embeddings", {"input": texts[(seed + i) % len(texts)]}, headers)
+        first = seed + i * inputs
+        batch = [texts[(first + j) % len(texts)] for j in range(inputs)]
+        status, _, _ = await conn.post("/v1/embeddings", {"input": batch if inputs > 1 else batch[0]}, headers)
         out.append((status, (time.perf_counter() - t0) * 1000))
     conn.close()
     return out
@@ -63,7 +67,10 @@ async def phase(
     sending on `connections` connections at its quota each (0: not at all)."""
     quiet = [paced(port, key, args.quiet_rate, args.seconds, texts, i * 97) for i, key in enumerate(QUIET.values())]
     # each connection at its quota: five send 5x its rate whatever the latency (one waits for its answers)
-    third = [paced(port, NOISY_KEY, args.noisy_quota, args.seconds, texts, 7 + i) for i in range(connections)]
+    third = [
+        paced(port, NOISY_KEY, args.noisy_quota, args.seconds, texts, 7 + i, args.noisy_inputs)
+        for i in range(connections)
+    ]
     results = await asyncio.gather(*quiet, *third)
     latencies = [ms for r in results[: len(quiet)] for status, ms in r if status == 200]
     statuses = [status for r in results[len(quiet) :] for status, _ in r]
@@ -126,6 +133,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--quiet-rate", type=float, default=20, help="requests a second per quiet tenant")
     parser.add_argument("--noisy-quota", type=float, default=10, help="the noisy tenant's requests_per_second")
+    parser.add_argument("--noisy-inputs", type=int, default=1, help="inputs in each of the third tenant's requests")
     parser.add_argument("--micro-requests", type=int, default=200_000)
     args = parser.parse_args()
     texts = sentences(500)

@@ -71,6 +71,7 @@ class RequestContext:
     configured: tuple[str, ...] = ()  # every model's name, ready or not
     chosen: bool = False  # the request named its model: no other is picked for it
     priority: int = 0  # lower runs first; above 0 is bulk work, kept out of the admission reserve
+    demoted: bool = False  # its tenant presses past its quota: bulk work, whatever priority the body asks
     url_images: UrlImages | None = None  # its image URLs, fetched on the event loop (set by the pipeline)
     adapter: str = ""  # the LoRA adapter of `model` the request names (its inputs carry it); "": the base
     allowed: frozenset[str] | None = None  # the models and adapters the request's tenant may use; None: all

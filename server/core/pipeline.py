@@ -150,6 +150,8 @@ def at_priority(
         if isinstance(data, dict) and data.get("priority") is not None:
             was_bulk = ctx.priority > 0
             ctx.priority = checked_priority(data["priority"], "priority")
+            if ctx.demoted:
+                ctx.priority = max(ctx.priority, 1)
             # its first permit was taken as interactive work: bulk now, it must fit the bulk share
             if ctx.priority > 0 and not was_bulk and ctx.admission is not None and not ctx.admission.bulk_fits():
                 raise overloaded()
@@ -171,14 +173,18 @@ def refuse_when_full(svc: Services, served: ServedModel) -> None:
 
 
 @contextlib.contextmanager
-def admitted(svc: Services, shape: Shape = "openai", priority: int = 0) -> Iterator[RequestContext]:
+def admitted(
+    svc: Services, shape: Shape = "openai", priority: int = 0, tenant: TenantPass | None = None
+) -> Iterator[RequestContext]:
     """A request context holding the request's first admission permit (taken on the loop, so a full
     server refuses at once with 429); prepare takes the rest. Every permit is released on exit (or,
     for a request abandoned while prepare ran, when prepare ends). Errors leave in the shape of the
-    surface the request speaks (`shape`, or the one prepare found in the body)."""
+    surface the request speaks (`shape`, or the one prepare found in the body). A `tenant` pressing
+    past its quota has its request run as bulk work (TenantPass.demoted)."""
     ctx = request_context(svc)
     ctx.shape = shape
-    ctx.priority = priority
+    ctx.demoted = tenant is not None and tenant.demoted(svc.metrics)
+    ctx.priority = max(priority, 1) if ctx.demoted else priority
     try:
         ctx.admit(1)
         yield ctx
@@ -242,7 +248,7 @@ async def respond(
     timings: Timings = traced["timings"]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + svc.settings.request_timeout
-    with admitted(svc, shape, priority) as ctx:
+    with admitted(svc, shape, priority, tenant) as ctx:
         traced["model"] = ctx.model_name
         ctx.allowed = tenant.models if tenant is not None else None
         staged = functools.partial(at_priority, prepare, cache=svc.cache)

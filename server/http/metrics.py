@@ -133,6 +133,12 @@ class Metrics:
             ["tenant", "reason"],
             registry=registry,
         )
+        self.tenant_demoted = Counter(
+            "warmpool_tenant_demoted_total",
+            "Requests run as bulk work: their tenant was refused for its quota in the last 2 s",
+            ["tenant"],
+            registry=registry,
+        )
         self.restarts = Counter(
             "warmpool_engine_restarts_total", "Engines re-forked after a crash", ["model"], registry=registry
         )

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from server.tenants.keysfile import Keyring, Quota
 
 Clock = Callable[[], float]
+# How long a quota refusal marks its tenant as pressing past its quota: the requests it is let through
+# meanwhile run as bulk work, behind the other tenants' interactive inputs (TenantPass.priority).
+PRESSING_WINDOW_S = 2.0
 
 
 class TokenBucket:
@@ -64,6 +67,8 @@ class TenantLimits:
 
     def __init__(self, quota: Quota, clock: Clock = time.monotonic) -> None:
         self.quota = quota
+        self.clock = clock
+        self.refused_at = -math.inf  # the last refusal of a request for this quota (a batch line's wait is not one)
         rps, tpm = quota.requests_per_second, quota.tokens_per_minute
         # a second's requests as burst (at least one); a minute's tokens
         self.requests = TokenBucket(rps, max(rps, 1.0), clock) if rps else None
@@ -76,16 +81,22 @@ class TenantLimits:
         """At the request's head: one request in flight more, or why not."""
         limit = self.quota.concurrent
         if limit is not None and self.in_flight >= limit:
+            self.refused_at = self.clock()
             return self._refusal("concurrent", f"{limit} requests of this key's tenant are in flight already", 1.0)
         if self.requests is not None:
             wait = self.requests.take(1)
             if wait:
+                self.refused_at = self.clock()
                 return self._refusal("requests", f"over {self.requests.rate:g} requests per second", wait)
         self.in_flight += 1
         return None
 
     def release(self) -> None:
         self.in_flight -= 1
+
+    def pressing(self) -> bool:
+        """Refused for its quota within PRESSING_WINDOW_S: the tenant sends more than its quota lets through."""
+        return self.clock() - self.refused_at < PRESSING_WINDOW_S
 
     def charge(self, tokens: int, batch: bool = False) -> Refusal | None:
         """Once its tokens are counted: the request's tokens taken, or why not. A batch job's line
@@ -99,6 +110,8 @@ class TenantLimits:
         wait = bucket.take(tokens)
         if not wait:
             return None
+        if reason == "tokens":
+            self.refused_at = self.clock()
         if math.isinf(wait):
             refusal = self._refusal(reason, f"this request's {tokens} tokens exceed {limit} tokens per {per}", 60.0)
             return dataclasses.replace(refusal, never=True)

@@ -66,6 +66,15 @@ class TenantPass:
     limits: TenantLimits
     batch: bool = False  # a Batch API job's line: charged to batch_tokens_per_day where there is one
 
+    def demoted(self, metrics: Metrics) -> bool:
+        """Whether this request runs as bulk work (priority 1 at least, whatever it asks): while its tenant
+        presses past its quota, so a runaway client waits behind the other tenants' interactive inputs,
+        not beside them."""
+        if not self.limits.pressing():
+            return False
+        metrics.tenant_demoted.labels(tenant=self.name).inc()
+        return True
+
     def charge(self, tokens: int, metrics: Metrics) -> None:
         """The request's tokens against the tenant's tokens per minute (or per day), before the engine:
         429 past it (`tokens_exceed_limit` for more than the whole bucket: waiting will not help)."""

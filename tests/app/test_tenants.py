@@ -208,6 +208,23 @@ def test_metrics_count_by_tenant_name_never_by_key(tenant_server: InProcessServe
         assert secret not in text
 
 
+def test_a_tenant_pressing_past_its_quota_is_demoted(tenant_server: InProcessServer, clock: FakeClock) -> None:
+    """Let through after a refusal, the tenant's request runs as bulk work, and /metrics says so."""
+
+    def demoted() -> str:
+        text = tenant_server.client.get("/metrics", headers={"authorization": f"Bearer {ADMIN}"}).text
+        return next((line for line in text.splitlines() if line.startswith("warmpool_tenant_demoted_total{")), "")
+
+    assert post(tenant_server, "/v1/embeddings", LIMITED, {"input": "a"}).status_code == 200
+    before = demoted()
+    assert post(tenant_server, "/v1/embeddings", LIMITED, {"input": "a"}).status_code == 429
+    clock.now += 1.0
+    assert post(tenant_server, "/v1/embeddings", LIMITED, {"input": "a"}).status_code == 200
+    after = demoted()
+    assert after.startswith('warmpool_tenant_demoted_total{tenant="limited"}')
+    assert float(after.split()[-1]) == (float(before.split()[-1]) if before else 0.0) + 1
+
+
 def test_traces_carry_the_tenant_never_the_key(tenant_server: InProcessServer, clock: FakeClock) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

@@ -133,6 +133,15 @@ def test_a_body_priority_that_is_not_a_bounded_integer_is_a_400(svc: Services, v
     assert caught.value.status == 400 and caught.value.param == "priority"
 
 
+def test_a_demoted_requests_body_cannot_ask_above_bulk(svc: Services) -> None:
+    """Its tenant presses past its quota (server/tenants/guard.py): bulk, whatever the body asks."""
+    ctx = context(svc)
+    ctx.demoted, ctx.priority = True, 1
+    prepared = at_priority(tokens_prepare, b'{"input": ["a", "b"], "priority": -3}', ctx)
+    assert ctx.priority == 1
+    assert [t.priority for t in prepared.tokens] == [1, 1]
+
+
 def test_a_body_that_turns_the_request_bulk_is_held_to_the_bulk_share(svc: Services) -> None:
     """The first permit is taken at the header's priority; a body saying bulk is then refused
     where bulk work no longer fits, however few inputs it has."""

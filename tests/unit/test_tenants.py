@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from server.tenants.buckets import LimitsTable, TenantLimits, TokenBucket, duration
+from server.http.metrics import Metrics
+from server.tenants.buckets import PRESSING_WINDOW_S, LimitsTable, TenantLimits, TokenBucket, duration
+from server.tenants.guard import TenantPass
 from server.tenants.keysfile import KeysFileError, Quota, keyring, parse
 from server.tenants.watcher import KeysWatcher
 
@@ -168,6 +170,36 @@ def test_tokens_are_charged_per_minute() -> None:
     assert refusal is not None and refusal.reason == "tokens" and refusal.headers["retry-after"] == "10"
     clock.now += 10
     assert limits.charge(20) is None
+
+
+def test_a_tenant_refused_for_its_quota_presses_past_it_for_a_while() -> None:
+    clock = FakeClock()
+    limits = TenantLimits(Quota(requests_per_second=1), clock)
+    assert limits.admit() is None and not limits.pressing()
+    assert limits.admit() is not None
+    clock.now += PRESSING_WINDOW_S / 2
+    assert limits.pressing()
+    clock.now += PRESSING_WINDOW_S
+    assert not limits.pressing()
+
+
+def test_only_a_pressing_tenants_requests_are_demoted_and_counted() -> None:
+    metrics = Metrics(dict)
+    limits = TenantLimits(Quota(requests_per_second=1), FakeClock())
+    granted = TenantPass("noisy", None, limits)
+    assert limits.admit() is None and not granted.demoted(metrics)
+    assert limits.admit() is not None and granted.demoted(metrics)
+    assert metrics.tenant_demoted.labels(tenant="noisy")._value.get() == 1
+
+
+def test_a_batch_line_waiting_for_its_daily_tokens_does_not_press() -> None:
+    """A job's lines waiting for batch_tokens_per_day are the job's pace, not its tenant pushing."""
+    limits = TenantLimits(Quota(tokens_per_minute=600, batch_tokens_per_day=100), FakeClock())
+    assert limits.charge(90, batch=True) is None
+    assert limits.charge(20, batch=True) is not None
+    assert not limits.pressing()
+    assert limits.charge(601) is not None
+    assert limits.pressing()
 
 
 def test_a_request_over_a_whole_minutes_tokens_is_refused() -> None:
