@@ -135,7 +135,7 @@ class Metrics:
         )
         self.tenant_demoted = Counter(
             "warmpool_tenant_demoted_total",
-            "Requests run as bulk work: their tenant was refused for its quota in the last 2 s",
+            "Requests run as bulk work: their tenant pressed past its quota (refused, or bursting) in the last 2 s",
             ["tenant"],
             registry=registry,
         )

@@ -68,8 +68,8 @@ class TenantPass:
 
     def demoted(self, metrics: Metrics) -> bool:
         """Whether this request runs as bulk work (priority 1 at least, whatever it asks): while its tenant
-        presses past its quota, so a runaway client waits behind the other tenants' interactive inputs,
-        not beside them."""
+        presses past its quota (TenantLimits.pressing), so a runaway client waits behind the other
+        tenants' interactive inputs, not beside them."""
         if not self.limits.pressing():
             return False
         metrics.tenant_demoted.labels(tenant=self.name).inc()

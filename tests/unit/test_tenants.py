@@ -192,6 +192,19 @@ def test_only_a_pressing_tenants_requests_are_demoted_and_counted() -> None:
     assert metrics.tenant_demoted.labels(tenant="noisy")._value.get() == 1
 
 
+def test_a_burst_faster_than_the_quota_refills_presses_before_any_refusal() -> None:
+    """Ten requests a second: one every tenth of a second keeps the bucket full; four at once leave the
+    fourth taken from a bucket under 80 % full."""
+    clock = FakeClock()
+    limits = TenantLimits(Quota(requests_per_second=10), clock)
+    for _ in range(20):
+        assert limits.admit() is None and not limits.pressing()
+        clock.now += 0.1
+    for _ in range(3):
+        assert limits.admit() is None and not limits.pressing()
+    assert limits.admit() is None and limits.pressing()
+
+
 def test_a_batch_line_waiting_for_its_daily_tokens_does_not_press() -> None:
     """A job's lines waiting for batch_tokens_per_day are the job's pace, not its tenant pushing."""
     limits = TenantLimits(Quota(tokens_per_minute=600, batch_tokens_per_day=100), FakeClock())
