@@ -73,6 +73,11 @@ class Tokens(NamedTuple):
 
 Keyed = tuple[int, Tokens]  # an input on the wire: the client's key for it, and its tokens
 
+# The engines' busy slots, one float each in shared memory (orchestrator/supervisor.py): BUSY while the
+# engine has work, else the monotonic time it went idle (0: never busy). Engines size their torch pools
+# by them (engine/runtime/threads.py); the engine client marks those it sends work to before sending.
+BUSY = -1.0
+
 # The forkserver's environment names the models it builds before forking engines, as a JSON list of
 # [folder, dtype] (orchestrator.forkserver.preload_weights -> engine.forkserver_preload).
 FORKSERVER_MODELS_ENV = "_WARMPOOL_FORKSERVER_MODELS"

@@ -205,6 +205,7 @@ class LifecycleServer(uvicorn.Server):
         self.wirings.append(wiring)
         wiring.client = EngineClient(loop, svc.executor, wiring, adapters=settings.adapter_folders)
         wiring.supervisor = EngineSupervisor(settings, phases, self.method, wiring)
+        wiring.client.busy = wiring.supervisor.busy
         engine_started = asyncio.wrap_future(_in_thread(wiring.supervisor.start_engines, f"engine-start-{name}"))
         try:
             folder, tokenizers = await svc.off_loop(_load_model_side, settings.model_path)

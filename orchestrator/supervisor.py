@@ -83,7 +83,7 @@ class EngineSupervisor:
         self.method = method
         self.events = events
         self.count = settings.engine_count
-        # One slot per engine: BUSY while it runs a batch, else when it went idle (engine/runtime/threads.py).
+        # One slot per engine: BUSY while it has work, else when it went idle (common.wire.BUSY).
         # Engines size their torch pools by it.
         self.busy = method.ctx.RawArray("d", self.count)  # type: ignore[attr-defined]
         self.processes: list[multiprocessing.process.BaseProcess | None] = [None] * self.count

@@ -13,6 +13,13 @@ cores, and GNU OpenMP's team then waits at each operator's barrier for a thread 
 parked: that group ran several times slower. bfloat16 at 32 clients (bench.paired): p99 544 ms with
 the instant rule, 99 ms with one thread each always, at 1.17x the inputs/s.
 
+An engine is busy from the moment the engine client sends it work (the client marks its slot first):
+a request split over idle engines reached the first before the second had read its share, and the
+first took every core, three threads on two cores. bench.bursts on 2 cores of an AMD Zen 5, the
+engines marking themselves against the client marking them: two 8-input requests at once after 0.5 s
+idle, the slower's p50/p90/max 60.9/76.5/105.0 ms against 51.5/64.3/69.1; four 1-input requests
+after 0.3 s, 21.1/32.2/41.7 against 19.3/24.8/29.3.
+
 Every core only while they are free. A team of threads waits at each operator's barrier for its
 slowest thread, and an engine runs niced: when anything else takes a core (the HTTP process
 tokenizing, a neighbour in the container) the parked thread holds the team for a scheduler slice per
@@ -42,6 +49,8 @@ from collections.abc import MutableSequence
 
 import torch
 
+from common.wire import BUSY
+
 # An engine takes every core only when every other one has been idle at least this long: longer
 # than the gap between two groups under load (a group is tens of ms), short beside a client's pause.
 SOLO_AFTER_S = 0.2
@@ -55,7 +64,6 @@ SHARE_WEIGHT = 0.3  # of each forward's share in the average
 SOLO_BACKOFF_S = 0.5  # the first back-off after a contended forward; doubled up to the max while it lasts
 SOLO_BACKOFF_MAX_S = 8.0
 MEASURED_FROM_S = 0.002  # forwards shorter than this tell nothing (clock and scheduling granularity)
-BUSY = -1.0  # a slot's value while its engine works; otherwise the monotonic time it went idle (0: never busy)
 
 
 class ThreadShare:

@@ -16,7 +16,7 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableSequence
 from concurrent.futures import Executor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from common.wire import Keyed, Msg, Tokens
+from common.wire import BUSY, Keyed, Msg, Tokens
 from server.core.bulk_routing import BulkRouting
 from server.core.engine_adapters import AdapterFolders, AdapterUnavailable, EngineAdapters
 from server.core.engine_events import BatchStats, EngineEvents
@@ -72,6 +72,9 @@ class EngineClient:
         self._reported: set[EnginePipe] = set()  # stalls already reported, once per pipe
         self._stalled: set[int] = set()  # slots routed around: no answer for STALLED_SHARE of the timeout
         self.routing = BulkRouting()  # an engine kept from bulk work while interactive inputs are about
+        # The engines' busy slots (common.wire.BUSY), where the supervisor shares them: marked before the
+        # work is sent, so an engine sizing its threads sees every engine one dispatch gives work to.
+        self.busy: MutableSequence[float] | None = None
         self.stall_timeout_s = stall_timeout_s  # None until known: no watchdog before then
         self.group_s = 0.0  # one group's forward as warm-up measured: none is taken for stalled sooner than two
         self._watchdog = threading.Event()
@@ -163,6 +166,11 @@ class EngineClient:
             entry.slot = slot = min(able or slots, key=lambda s: self._slots[s].load)
             self._slots[slot].add(entry.tokens)
             batches.setdefault(slot, []).append((key, tokens))
+        if self.busy is not None:
+            # A request split over idle engines: the first to read its share would otherwise find the
+            # others idle and take every core, three threads on two cores once the next begins.
+            for slot in batches:
+                self.busy[slot] = BUSY
         for slot, items in batches.items():
             self._slots[slot].send((Msg.SUBMIT, items))
 

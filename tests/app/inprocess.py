@@ -126,6 +126,7 @@ def _boot_model(svc: Services, settings: Settings, loop: asyncio.AbstractEventLo
     wiring = EngineWiring(svc, phases, on_fatal=lambda reason: None)
     wiring.client = EngineClient(loop, svc.executor, wiring, adapters=settings.adapter_folders)
     wiring.supervisor = EngineSupervisor(settings, phases, StartMethod(multiprocessing.get_context("fork")), wiring)
+    wiring.client.busy = wiring.supervisor.busy
     phases.start("forkserver", method="thread")
     phases.done("forkserver")
     parent, child = multiprocessing.Pipe(duplex=True)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from common.wire import Tokens
+from common.wire import BUSY, Tokens
 from server.core.bulk_routing import URGENT_WINDOW_S
 from server.core.outcome import Outcome
 from tests.unit.engine_rig import EXECUTOR_PREFIX, Rig, result, run, tok, until
@@ -27,6 +27,20 @@ def test_input_goes_to_the_engine_with_fewest_tokens_outstanding() -> None:
         busy, other = (a, b) if long_key in a.keys else (b, a)
         assert busy.keys == [long_key]
         assert other.keys == [short1, short2]  # 3 then 6 tokens outstanding there, against 50
+
+    run(scenario)
+
+
+def test_the_engines_a_dispatch_gives_work_are_marked_busy() -> None:
+    """A request split over two idle engines: both slots read BUSY (marked before the work is sent), so
+    neither engine sizes its threads as if it were alone (engine/runtime/threads.py); others untouched."""
+
+    async def scenario(rig: Rig) -> None:
+        a, b = rig.attach(0), rig.attach(1)
+        rig.client.busy = busy = [5.0, 5.0, 5.0]  # idle since 5.0; slot 2 attached to nothing
+        rig.client.submit([tok(1, 4), tok(2, 4)])
+        await until(lambda: len(a.keys) == 1 and len(b.keys) == 1, "one input at each engine")
+        assert busy == [BUSY, BUSY, 5.0]
 
     run(scenario)
 
