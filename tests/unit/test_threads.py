@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.runtime import threads as threads_module
-from engine.runtime.threads import BUSY, SOLO_AFTER_S, SOLO_BACKOFF_S, RunQueueDelay, ThreadShare
+from engine.runtime.threads import BUSY, COLD_AFTER_S, SOLO_AFTER_S, SOLO_BACKOFF_S, RunQueueDelay, ThreadShare
 
 
 def test_working_alone_takes_the_solo_threads_and_beside_another_the_shared() -> None:
@@ -151,6 +151,35 @@ def test_threads_that_never_waited_keep_every_core_whatever_their_cpu_time(monke
         for _ in range(6):
             _forward(share, monkeypatch, wall=0.01, cpu=0.01, waited=0.0)
         assert share.backoff == 0.0
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_cold_team_that_waited_for_its_cores_backs_off_cold_forwards_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward on a team unused COLD_AFTER_S whose threads waited half the time (the sleepers' cores
+    woken late): forwards after another pause keep to the share, one right after takes every core."""
+    threads = torch.get_num_threads()
+    try:
+        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+        share.team_at = time.monotonic() - 1.0
+        _forward(share, monkeypatch, wall=0.01, cpu=0.01, waited=0.01)
+        assert share.cold_backoff == SOLO_BACKOFF_S and share.backoff == 0.0
+        share.working()  # the team just ran: warm
+        assert torch.get_num_threads() == 2
+        share.team_at = time.monotonic() - COLD_AFTER_S
+        share.working()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_cold_team_that_got_its_cores_ends_the_cold_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads = torch.get_num_threads()
+    try:
+        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+        share.team_at, share.cold_backoff = time.monotonic() - 1.0, 4.0
+        _forward(share, monkeypatch, wall=0.01, cpu=0.02, waited=0.0)
+        assert share.cold_backoff == 0.0 and share.cold_from <= time.monotonic()
     finally:
         torch.set_num_threads(threads)
 
