@@ -69,8 +69,8 @@ class TenantPass:
     def demoted(self, metrics: Metrics) -> bool:
         """Whether this request runs as bulk work (priority 1 at least, whatever it asks): while its tenant
         presses past its quota (TenantLimits.pressing), so a runaway client waits behind the other
-        tenants' interactive inputs, not beside them."""
-        if not self.limits.pressing():
+        tenants' interactive inputs, not beside them. A Batch API job's lines are bulk work already."""
+        if self.batch or not self.limits.pressing():
             return False
         metrics.tenant_demoted.labels(tenant=self.name).inc()
         return True

@@ -190,6 +190,7 @@ def test_only_a_pressing_tenants_requests_are_demoted_and_counted() -> None:
     assert limits.admit() is None and not granted.demoted(metrics)
     assert limits.admit() is not None and granted.demoted(metrics)
     assert metrics.tenant_demoted.labels(tenant="noisy")._value.get() == 1
+    assert not TenantPass("noisy", None, limits, batch=True).demoted(metrics)  # its job's lines: bulk already
 
 
 def test_a_burst_faster_than_the_quota_refills_presses_before_any_refusal() -> None:

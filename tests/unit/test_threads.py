@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -14,53 +15,49 @@ from engine.runtime import threads as threads_module
 from engine.runtime.threads import BUSY, COLD_AFTER_S, SOLO_AFTER_S, SOLO_BACKOFF_S, RunQueueDelay, ThreadShare
 
 
+@pytest.fixture(autouse=True)
+def torch_threads_kept() -> Iterator[None]:
+    """Each test may resize torch's pool (ThreadShare does): it is put back after."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_working_alone_takes_the_solo_threads_and_beside_another_the_shared() -> None:
     """An engine that is the only busy one uses its solo thread count; with another busy, its share."""
-    threads = torch.get_num_threads()
-    try:
-        busy = [0.0, 0.0]
-        share = ThreadShare(busy, slot=1, shared=1, solo=2)
-        share.working()
-        assert torch.get_num_threads() == 2 and busy == [0.0, BUSY]
-        share.idle()
-        busy[0] = BUSY
-        share.working()
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(threads)
+    busy = [0.0, 0.0]
+    share = ThreadShare(busy, slot=1, shared=1, solo=2)
+    share.working()
+    assert torch.get_num_threads() == 2 and busy == [0.0, BUSY]
+    share.idle()
+    busy[0] = BUSY
+    share.working()
+    assert torch.get_num_threads() == 1
 
 
 def test_an_engine_keeps_to_its_share_while_its_compile_runs() -> None:
     """Alone, but with its compile worker running: the shared count; the compile done: solo again."""
-    threads = torch.get_num_threads()
-    try:
-        share = ThreadShare([0.0, 0.0], slot=1, shared=1, solo=2)
-        share.compiling = True
-        share.working()
-        assert torch.get_num_threads() == 1
-        share.idle()
-        share.compiling = False
-        share.working()
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(threads)
+    share = ThreadShare([0.0, 0.0], slot=1, shared=1, solo=2)
+    share.compiling = True
+    share.working()
+    assert torch.get_num_threads() == 1
+    share.idle()
+    share.compiling = False
+    share.working()
+    assert torch.get_num_threads() == 2
 
 
 def test_an_engine_idle_for_less_than_the_solo_wait_still_counts_as_working() -> None:
     """Another engine that went idle just now keeps this one at its share (under load engines pass
     each other between groups); once it has been idle SOLO_AFTER_S, this one takes every core."""
-    threads = torch.get_num_threads()
-    try:
-        busy = [time.monotonic(), 0.0]
-        share = ThreadShare(busy, slot=1, shared=1, solo=2)
-        share.working()
-        assert torch.get_num_threads() == 1
-        share.idle()
-        busy[0] = time.monotonic() - SOLO_AFTER_S
-        share.working()
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(threads)
+    busy = [time.monotonic(), 0.0]
+    share = ThreadShare(busy, slot=1, shared=1, solo=2)
+    share.working()
+    assert torch.get_num_threads() == 1
+    share.idle()
+    busy[0] = time.monotonic() - SOLO_AFTER_S
+    share.working()
+    assert torch.get_num_threads() == 2
 
 
 def _forward(
@@ -85,103 +82,75 @@ def test_a_forward_on_every_core_that_did_not_get_them_keeps_the_engine_to_its_s
 ) -> None:
     """Two threads that got one core's time between them (a core taken): the next forwards run on the
     shared count for the back-off, which doubles while the cores stay taken."""
-    threads = torch.get_num_threads()
-    try:
-        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
-        _forward(share, monkeypatch, wall=0.1, cpu=0.1)
-        assert share.backoff == SOLO_BACKOFF_S and share.solo_from > time.monotonic()
-        share.working()
-        assert torch.get_num_threads() == 1
-        share.solo_from = 0.0  # the back-off over
-        _forward(share, monkeypatch, wall=0.1, cpu=0.1)
-        assert share.backoff == 2 * SOLO_BACKOFF_S
-    finally:
-        torch.set_num_threads(threads)
+    share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+    _forward(share, monkeypatch, wall=0.1, cpu=0.1)
+    assert share.backoff == SOLO_BACKOFF_S and share.solo_from > time.monotonic()
+    share.working()
+    assert torch.get_num_threads() == 1
+    share.solo_from = 0.0  # the back-off over
+    _forward(share, monkeypatch, wall=0.1, cpu=0.1)
+    assert share.backoff == 2 * SOLO_BACKOFF_S
 
 
 def test_one_dip_among_quiet_forwards_does_not_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """A forward a little under the share (a short one's gaps) after quiet ones: no back-off; the same
     share forward after forward brings the average down and backs off."""
-    threads = torch.get_num_threads()
-    try:
-        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+    share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+    _forward(share, monkeypatch, wall=0.1, cpu=0.14)
+    assert share.backoff == 0.0
+    for _ in range(5):
         _forward(share, monkeypatch, wall=0.1, cpu=0.14)
-        assert share.backoff == 0.0
-        for _ in range(5):
-            _forward(share, monkeypatch, wall=0.1, cpu=0.14)
-            share.solo_from = 0.0  # each judged alone, as if its back-off were over
-        assert share.backoff > 0.0
-    finally:
-        torch.set_num_threads(threads)
+        share.solo_from = 0.0  # each judged alone, as if its back-off were over
+    assert share.backoff > 0.0
 
 
 def test_a_forward_that_got_every_core_ends_the_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two threads busy the whole forward: the engine goes on taking every core when alone."""
-    threads = torch.get_num_threads()
-    try:
-        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
-        share.backoff = 4.0
-        _forward(share, monkeypatch, wall=0.1, cpu=0.19)
-        assert share.backoff == 0.0 and share.solo_from <= time.monotonic()
-        share.working()
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(threads)
+    share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+    share.backoff = 4.0
+    _forward(share, monkeypatch, wall=0.1, cpu=0.19)
+    assert share.backoff == 0.0 and share.solo_from <= time.monotonic()
+    share.working()
+    assert torch.get_num_threads() == 2
 
 
 def test_threads_that_waited_for_a_core_back_off_whatever_their_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the kernel says how long the threads waited, runnable, that is what they did not get: a
     forward whose two threads waited half the wall time between them backs off, however much CPU
     time the process counted (OpenMP's spinning counts as CPU)."""
-    threads = torch.get_num_threads()
-    try:
-        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
-        _forward(share, monkeypatch, wall=0.1, cpu=0.2, waited=0.1)
-        assert share.backoff == SOLO_BACKOFF_S
-    finally:
-        torch.set_num_threads(threads)
+    share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+    _forward(share, monkeypatch, wall=0.1, cpu=0.2, waited=0.1)
+    assert share.backoff == SOLO_BACKOFF_S
 
 
 def test_threads_that_never_waited_keep_every_core_whatever_their_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """A short forward's CPU time dips (its Python between operators, the team asleep); its threads never
     waited for a core: forward after forward, no back-off."""
-    threads = torch.get_num_threads()
-    try:
-        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
-        for _ in range(6):
-            _forward(share, monkeypatch, wall=0.01, cpu=0.01, waited=0.0)
-        assert share.backoff == 0.0
-    finally:
-        torch.set_num_threads(threads)
+    share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+    for _ in range(6):
+        _forward(share, monkeypatch, wall=0.01, cpu=0.01, waited=0.0)
+    assert share.backoff == 0.0
 
 
 def test_a_cold_team_that_waited_for_its_cores_backs_off_cold_forwards_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """A forward on a team unused COLD_AFTER_S whose threads waited half the time (the sleepers' cores
     woken late): forwards after another pause keep to the share, one right after takes every core."""
-    threads = torch.get_num_threads()
-    try:
-        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
-        share.team_at = time.monotonic() - 1.0
-        _forward(share, monkeypatch, wall=0.01, cpu=0.01, waited=0.01)
-        assert share.cold_backoff == SOLO_BACKOFF_S and share.backoff == 0.0
-        share.working()  # the team just ran: warm
-        assert torch.get_num_threads() == 2
-        share.team_at = time.monotonic() - COLD_AFTER_S
-        share.working()
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(threads)
+    share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+    share.team_at = time.monotonic() - 1.0
+    _forward(share, monkeypatch, wall=0.01, cpu=0.01, waited=0.01)
+    assert share.cold_backoff == SOLO_BACKOFF_S and share.backoff == 0.0
+    share.working()  # the team just ran: warm
+    assert torch.get_num_threads() == 2
+    share.team_at = time.monotonic() - COLD_AFTER_S
+    share.working()
+    assert torch.get_num_threads() == 1
 
 
 def test_a_cold_team_that_got_its_cores_ends_the_cold_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    threads = torch.get_num_threads()
-    try:
-        share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
-        share.team_at, share.cold_backoff = time.monotonic() - 1.0, 4.0
-        _forward(share, monkeypatch, wall=0.01, cpu=0.02, waited=0.0)
-        assert share.cold_backoff == 0.0 and share.cold_from <= time.monotonic()
-    finally:
-        torch.set_num_threads(threads)
+    share = ThreadShare([0.0, 0.0], slot=0, shared=1, solo=2)
+    share.team_at, share.cold_backoff = time.monotonic() - 1.0, 4.0
+    _forward(share, monkeypatch, wall=0.01, cpu=0.02, waited=0.0)
+    assert share.cold_backoff == 0.0 and share.cold_from <= time.monotonic()
 
 
 def test_the_run_queue_delay_is_read_from_the_kernel() -> None:
@@ -214,13 +183,9 @@ def _link(fd: int) -> str | None:
 
 def test_a_forward_on_the_shared_count_is_not_judged(monkeypatch: pytest.MonkeyPatch) -> None:
     """Beside a busy engine a forward runs on its share: however little CPU it got, no back-off."""
-    threads = torch.get_num_threads()
-    try:
-        share = ThreadShare([BUSY, 0.0], slot=1, shared=1, solo=2)
-        _forward(share, monkeypatch, wall=0.1, cpu=0.0)
-        assert share.backoff == 0.0
-    finally:
-        torch.set_num_threads(threads)
+    share = ThreadShare([BUSY, 0.0], slot=1, shared=1, solo=2)
+    _forward(share, monkeypatch, wall=0.1, cpu=0.0)
+    assert share.backoff == 0.0
 
 
 def test_idle_records_when_the_engine_stopped_working() -> None:
