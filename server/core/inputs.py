@@ -76,6 +76,10 @@ class RequestContext:
     adapter: str = ""  # the LoRA adapter of `model` the request names (its inputs carry it); "": the base
     allowed: frozenset[str] | None = None  # the models and adapters the request's tenant may use; None: all
 
+    def ask_priority(self, asked: int) -> None:
+        """The priority the request asks for; bulk (1) at least while it is demoted."""
+        self.priority = max(asked, 1) if self.demoted else asked
+
     @property
     def folder(self) -> ModelFolder:
         return self.model.folder

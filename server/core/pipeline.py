@@ -149,9 +149,7 @@ def at_priority(
             data = None  # prepare says what is wrong with the body
         if isinstance(data, dict) and data.get("priority") is not None:
             was_bulk = ctx.priority > 0
-            ctx.priority = checked_priority(data["priority"], "priority")
-            if ctx.demoted:
-                ctx.priority = max(ctx.priority, 1)
+            ctx.ask_priority(checked_priority(data["priority"], "priority"))
             # its first permit was taken as interactive work: bulk now, it must fit the bulk share
             if ctx.priority > 0 and not was_bulk and ctx.admission is not None and not ctx.admission.bulk_fits():
                 raise overloaded()
@@ -184,7 +182,7 @@ def admitted(
     ctx = request_context(svc)
     ctx.shape = shape
     ctx.demoted = tenant is not None and tenant.demoted(svc.metrics)
-    ctx.priority = max(priority, 1) if ctx.demoted else priority
+    ctx.ask_priority(priority)
     try:
         ctx.admit(1)
         yield ctx

@@ -90,20 +90,23 @@ class TenantLimits:
         """At the request's head: one request in flight more, or why not."""
         limit = self.quota.concurrent
         if limit is not None and self.in_flight >= limit:
-            self.pressed_at = self.clock()
+            self._press()
             return self._refusal("concurrent", f"{limit} requests of this key's tenant are in flight already", 1.0)
         if self.requests is not None:
             if self.requests.share() < DRAINED_SHARE:  # a burst: taking its second's requests in less
-                self.pressed_at = self.clock()
+                self._press()
             wait = self.requests.take(1)
             if wait:
-                self.pressed_at = self.clock()
+                self._press()
                 return self._refusal("requests", f"over {self.requests.rate:g} requests per second", wait)
         self.in_flight += 1
         return None
 
     def release(self) -> None:
         self.in_flight -= 1
+
+    def _press(self) -> None:
+        self.pressed_at = self.clock()
 
     def pressing(self) -> bool:
         """Refused for its quota, or let through on a drained request bucket, within PRESSING_WINDOW_S: the
@@ -123,7 +126,7 @@ class TenantLimits:
         if not wait:
             return None
         if reason == "tokens":
-            self.pressed_at = self.clock()
+            self._press()
         if math.isinf(wait):
             refusal = self._refusal(reason, f"this request's {tokens} tokens exceed {limit} tokens per {per}", 60.0)
             return dataclasses.replace(refusal, never=True)
