@@ -2,8 +2,9 @@
 
 Pickling and pipe writes happen on each engine's sender thread and result bookkeeping on its
 reader thread (server.core.engine_pipe), so the event loop only registers futures and receives
-finished requests. Each input goes to the engine with the fewest tokens outstanding (bulk ones while
-interactive ones are about: of all but one, server.core.bulk_routing); a dead engine's inputs move to
+finished requests. Each input goes to the engine with the fewest tokens outstanding (bulk ones, and a
+tenant's over its share, while interactive ones are about: of all but one, server.core.engine_routing);
+a dead engine's inputs move to
 the others, once per request. An engine with work outstanding that
 answers nothing for a quarter of the stall timeout is taken for stalled: it gets no new work while
 another engine answers, and what it holds moves to those; past the whole stall timeout it is
@@ -25,12 +26,12 @@ import numpy as np
 import structlog
 
 from common.wire import BUSY, Keyed, Msg, Tokens
-from server.core.bulk_routing import BulkRouting
 from server.core.engine_adapters import AdapterFolders, AdapterUnavailable, EngineAdapters
 from server.core.engine_events import BatchStats, EngineEvents
 from server.core.engine_inflight import InFlight, InFlightInput
 from server.core.engine_modes import EAGER, EngineModes
 from server.core.engine_pipe import EnginePipe
+from server.core.engine_routing import EngineRouting
 from server.core.outcome import Outcome
 
 
@@ -71,7 +72,7 @@ class EngineClient:
         self.modes = EngineModes()  # which forward each engine runs: the result cache keys by it
         self._reported: set[EnginePipe] = set()  # stalls already reported, once per pipe
         self._stalled: set[int] = set()  # slots routed around: no answer for STALLED_SHARE of the timeout
-        self.routing = BulkRouting()  # an engine kept from bulk work while interactive inputs are about
+        self.routing = EngineRouting()  # an engine kept for interactive work while there is some
         # The engines' busy slots (common.wire.BUSY), where the supervisor shares them: marked before the
         # work is sent, so an engine sizing its threads sees every engine one dispatch gives work to.
         self.busy: MutableSequence[float] | None = None
@@ -103,9 +104,10 @@ class EngineClient:
             self._dispatch([e for e in self._entries.values() if e.slot is None])
 
     def submit(
-        self, tokens: list[Tokens], then: Callable[[Outcome], Any] | None = None
+        self, tokens: list[Tokens], then: Callable[[Outcome], Any] | None = None, tenant: str = ""
     ) -> tuple[asyncio.Future[Outcome], list[int]]:
-        """Queue one request's inputs; the future resolves with one row per input, in order.
+        """Queue one request's inputs (`tenant`'s, where keys name one); the future resolves with one
+        row per input, in order.
 
         `then` (response building) runs on the executor as soon as the last row arrives, and the
         future resolves after it with its result in `rendered`: the loop wakes once per request
@@ -114,12 +116,12 @@ class EngineClient:
         future: asyncio.Future[Outcome] = self._loop.create_future()
         keys = [next(self._keys) for _ in tokens]
         items = list(zip(keys, tokens, strict=True))
-        request = InFlight(future, items, [None] * len(items), then)
+        request = InFlight(future, items, [None] * len(items), then, tenant=tenant)
         entries = [InFlightInput(request, index, None) for index in range(len(items))]
         with self._lock:
             if not self._slots:
                 raise EngineUnavailable("no engine is running")
-            self.routing.saw(items)
+            self.routing.saw(items, tenant)
             self._entries.update(zip(keys, entries, strict=True))
             self._dispatch(entries)
         return future, keys
@@ -154,16 +156,21 @@ class EngineClient:
 
     def _dispatch(self, entries: list[InFlightInput]) -> None:
         """Each input to the engine of _targets with the fewest tokens outstanding, of those its priority
-        may take (BulkRouting) that have not refused its adapter where any has not (caller holds the lock)."""
+        and tenant may take (EngineRouting) that have not refused its adapter where any has not (caller
+        holds the lock)."""
         if not self._slots or not entries:
             return
         slots = self._targets()
         batches: dict[int, list[Keyed]] = {}
+        kept_off: dict[str, bool] = {}  # each tenant's, once per dispatch
         for entry in entries:
             key, tokens = entry.request.items[entry.index]
-            allowed = self.routing.targets(slots, tokens.priority)
+            tenant = entry.request.tenant
+            if tenant not in kept_off:
+                kept_off[tenant] = self.routing.kept_off(tenant)
+            allowed = self.routing.targets(slots, tokens.priority, kept_off[tenant])
             able = self.adapters.able(allowed, tokens.adapter) or self.adapters.able(slots, tokens.adapter)
-            entry.slot = slot = min(able or slots, key=lambda s: self._slots[s].load)
+            entry.slot = slot = min(able or slots, key=self._load)
             self._slots[slot].add(entry.tokens)
             batches.setdefault(slot, []).append((key, tokens))
         if self.busy is not None:
@@ -173,6 +180,9 @@ class EngineClient:
                 self.busy[slot] = BUSY
         for slot, items in batches.items():
             self._slots[slot].send((Msg.SUBMIT, items))
+
+    def _load(self, slot: int) -> int:
+        return self._slots[slot].load
 
     def _targets(self) -> list[int]:
         """The engines _dispatch sends to: those not stalled while there are any (caller holds the lock)."""

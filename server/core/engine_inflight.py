@@ -25,6 +25,7 @@ class InFlight:
     submitted: float = field(default_factory=time.perf_counter)
     inference_ms: float = 0.0
     attempts: int = 0
+    tenant: str = ""  # whose request, where keys name tenants (engine routing weighs their shares)
 
 
 @dataclass(eq=False)

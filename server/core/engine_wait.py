@@ -28,17 +28,18 @@ async def run_on_engine(
     abandon: asyncio.Future[Any] | None = None,
     then: Callable[[Outcome], Any] | None = None,
     deadline: float | None = None,
+    tenant: str = "",
 ) -> Outcome:
     """Send inputs to the model's engines and wait; engine loss and timeouts become 503, never a hang.
 
     If `abandon` finishes first (the client left), the engine drops the inputs. `then` runs on
-    the executor on the engine's output (EngineClient.submit); its result comes back in
+    the executor on the engine's output (EngineClient.submit, told the `tenant`); its result comes back in
     `Outcome.rendered`. One await on the engine's future, with a timer and a callback, instead
     of wait_for inside asyncio.wait: two tasks and their wake-ups fewer per request.
     """
     engine = model.engine
     try:
-        future, keys = engine.submit(tokens, then)
+        future, keys = engine.submit(tokens, then, tenant)
     except EngineUnavailable:
         raise svc.unavailable() from None
     stopped_by: str | None = None  # why this function cancelled the future, if it did

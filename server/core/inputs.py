@@ -72,6 +72,7 @@ class RequestContext:
     chosen: bool = False  # the request named its model: no other is picked for it
     priority: int = 0  # lower runs first; above 0 is bulk work, kept out of the admission reserve
     demoted: bool = False  # its tenant presses past its quota: bulk work, whatever priority the body asks
+    tenant: str = ""  # its tenant's name, where keys name tenants (the engines' routing weighs their shares)
     url_images: UrlImages | None = None  # its image URLs, fetched on the event loop (set by the pipeline)
     adapter: str = ""  # the LoRA adapter of `model` the request names (its inputs carry it); "": the base
     allowed: frozenset[str] | None = None  # the models and adapters the request's tenant may use; None: all

@@ -182,6 +182,7 @@ def admitted(
     ctx = request_context(svc)
     ctx.shape = shape
     ctx.demoted = tenant is not None and tenant.demoted(svc.metrics)
+    ctx.tenant = tenant.name if tenant is not None else ""
     ctx.ask_priority(priority)
     try:
         ctx.admit(1)
@@ -289,7 +290,7 @@ async def run_cached(
         return render(prepared, out, ctx)
 
     def submit(tokens: list[Tokens], then: Callable[[Outcome], Any] | None) -> Awaitable[Outcome]:
-        return run_on_engine(svc, ctx.model, tokens, timings, gone, then, deadline)
+        return run_on_engine(svc, ctx.model, tokens, timings, gone, then, deadline, ctx.tenant)
 
     if svc.cache is None or prepared.cached is None:
         outcome = await submit(prepared.tokens, None if on_loop else then)

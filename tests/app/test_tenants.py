@@ -225,6 +225,18 @@ def test_a_tenant_pressing_past_its_quota_is_demoted(tenant_server: InProcessSer
     assert float(after.split()[-1]) == (float(before.split()[-1]) if before else 0.0) + 1
 
 
+def test_the_engines_routing_weighs_each_tenants_tokens_by_name(
+    tenant_server: InProcessServer, clock: FakeClock
+) -> None:
+    """The tenant's name reaches the engine client with its inputs: its share of the engines' work is
+    what keeps a tenant sending past the others off the engine kept for them (server/core/engine_routing.py)."""
+    (model,) = tenant_server.services.models.values()
+    shares = model.engine.routing.shares
+    before = shares.sent("search", time.monotonic())
+    assert post(tenant_server, "/v1/embeddings", SEARCH, {"input": ["one two three", "four"]}).status_code == 200
+    assert shares.sent("search", time.monotonic()) > before + 2  # its tokens, not the anonymous ""
+
+
 def test_traces_carry_the_tenant_never_the_key(tenant_server: InProcessServer, clock: FakeClock) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

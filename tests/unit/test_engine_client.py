@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.wire import BUSY, Tokens
-from server.core.bulk_routing import URGENT_WINDOW_S
+from server.core.engine_routing import URGENT_WINDOW_S
 from server.core.outcome import Outcome
 from tests.unit.engine_rig import EXECUTOR_PREFIX, Rig, result, run, tok, until
 
@@ -168,6 +168,26 @@ def test_bulk_inputs_spread_over_every_engine_while_no_interactive_input_is_abou
         rig.client.submit([bulk(1, 3)])
         rig.client.submit([bulk(2, 3)])
         await until(lambda: len(a.keys) == len(b.keys) == 1, "one bulk input at each engine")
+
+    run(scenario)
+
+
+def test_a_tenant_over_its_share_keeps_off_the_engine_kept_for_the_others() -> None:
+    """Tenants' interactive inputs: one sending eight times another's tokens has its next input sent to
+    the other engine even when that one holds more; the other tenant's still goes to the least loaded."""
+
+    async def scenario(rig: Rig) -> None:
+        a, b = rig.attach(0), rig.attach(1)
+        for _ in range(4):
+            rig.client.submit([tok(1, 2)], tenant="search")
+            rig.client.submit([tok(2, 16)], tenant="indexer")
+        await until(lambda: len(a.keys) + len(b.keys) == 8, "the first inputs at the engines")
+        a.answer(list(a.keys))
+        await until(lambda: rig.client.queued_inputs == len(b.keys), "engine 0's answers back")
+        _, (big,) = rig.client.submit([tok(3, 16)], tenant="indexer")
+        _, (small,) = rig.client.submit([tok(4, 2)], tenant="search")
+        await until(lambda: {big, small} <= set(a.keys + b.keys), "the later inputs at the engines")
+        assert big in b.keys and small in a.keys
 
     run(scenario)
 
