@@ -13,6 +13,7 @@ from common.wire import Keyed, Tokens
 from engine.runtime.batching import (
     BULK_ALONE_GROUP_TOKENS,
     BULK_GROUP_TOKENS,
+    CUT_BEFORE_TOKENS,
     GROUP_TOKENS,
     Pending,
     split_by_length,
@@ -289,3 +290,52 @@ def test_bulk_runs_in_small_groups_only_while_urgent_work_is_about() -> None:
     groups = split_packed(batch, BULK_GROUP_TOKENS)
     assert keys(groups[0]) == [1]
     assert all(sum(len(t.input_ids) for _, t in g) <= BULK_GROUP_TOKENS for g in groups[1:])
+
+
+# split_by_request: a request waiting alone does not wait for a big one that came after it
+
+
+def requests(pending: Pending, *sizes: list[int]) -> list[Keyed]:
+    """Each size list one request's inputs (one SUBMIT each), keyed in arrival order; the batch taken."""
+    key = itertools.count()
+    for lengths in sizes:
+        pending.extend([item(next(key), length) for length in lengths])
+    return pending.take(max_tokens=10_000, max_size=1_000)
+
+
+def test_a_query_before_a_big_request_runs_in_a_group_of_its_own() -> None:
+    """One 20-token input, then an 8-input request of 160 tokens: within one group's budget, yet cut."""
+    pending = Pending()
+    batch = requests(pending, [20], [20] * 8)
+    assert [keys(g) for g in split_packed(batch, firsts=pending.firsts(batch))] == [[0], list(range(1, 9))]
+
+
+def test_requests_of_one_size_share_groups_as_before() -> None:
+    """32 clients' 8-input requests: no request is twice the inputs before it, so no cut."""
+    pending = Pending()
+    batch = requests(pending, [12] * 8, [12] * 8, [12] * 8)
+    assert split_packed(batch, firsts=pending.firsts(batch)) == split_by_tokens(batch)
+
+
+def test_one_sentence_requests_share_groups_as_before() -> None:
+    """Requests under CUT_BEFORE_TOKENS never start a group, however they compare."""
+    pending = Pending()
+    batch = requests(pending, [5], [CUT_BEFORE_TOKENS - 1], [5], [CUT_BEFORE_TOKENS - 1])
+    assert split_packed(batch, firsts=pending.firsts(batch)) == [batch]
+
+
+def test_a_big_request_after_inputs_weighing_more_than_half_of_it_is_not_cut() -> None:
+    pending = Pending()
+    batch = requests(pending, [61], [30] * 4)  # 61 before a request of 120: more than half
+    assert split_packed(batch, firsts=pending.firsts(batch)) == [batch]
+
+
+def test_request_marks_are_forgotten_when_taken_or_dropped() -> None:
+    """Pending keeps a mark per request only while its first input waits: the set stays bounded."""
+    pending = Pending()
+    batch = requests(pending, [20], [20] * 8)
+    assert pending.firsts(batch) == {0, 1}
+    assert pending.firsts(batch) == set()
+    pending.extend([item(20, 5)])
+    pending.drop({20})
+    assert pending._firsts == set()

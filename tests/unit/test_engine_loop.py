@@ -162,3 +162,15 @@ def test_stop_during_a_batch_ends_it(reader: bool) -> None:
     batch = [(key, Tokens(list(range(300)))) for key in range(3)]
     send(ours, (Msg.STOP, None))
     assert _run_batch(received(theirs, reader), FakeModel(), batch, 0.0, FakeShare(), Pending()) is False  # type: ignore[arg-type]
+
+
+def test_a_query_sent_before_a_big_request_is_answered_first_and_alone(reader: bool) -> None:
+    """The engine marks where each SUBMIT's request begins: a one-input request queued before an
+    8-input one comes back in a group of its own, before the big one's."""
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    pending = Pending()
+    _handle(theirs, (Msg.SUBMIT, [(0, Tokens(list(range(20))))]), pending, NO_MODEL)
+    _handle(theirs, (Msg.SUBMIT, [(k, Tokens(list(range(20)))) for k in range(1, 9)]), pending, NO_MODEL)
+    batch = pending.take(max_tokens=10_000, max_size=100)
+    assert _run_batch(Inbox(theirs, reader), FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
+    assert [ours.recv()[1][0] for _ in range(2)] == [[0], list(range(1, 9))]
