@@ -77,7 +77,7 @@ class Window:
     latencies: list[float] = field(default_factory=list)
     probes: list[float] = field(default_factory=list)
     errors: int = 0
-    per_request: int = 1  # inputs each request carries
+    per_request: float = 1  # inputs each request carries
 
     @property
     def inputs_s(self) -> float:
@@ -105,7 +105,7 @@ async def load(
     route: str = "/v1/embeddings",
     probe: str = "/health/live",
     body: Callable[[random.Random], Any] | None = None,
-    per_request: int = 1,
+    per_request: float = 1,
 ) -> Window:
     """`clients` keep-alive clients, one request at a time each to `route`, for `seconds`, while
     `probe` is polled. A request is one of `texts`, or what `body` makes (`per_request` inputs)."""

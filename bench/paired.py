@@ -7,10 +7,12 @@ To compare code, run B from another source tree, e.g. a worktree of the base com
     git worktree add /tmp/base HEAD~1 && .venv/bin/python -m bench.paired --b-source /tmp/base
 Usage: .venv/bin/python -m bench.paired [--b engines=1] [--b-source DIR] [--b-env K=V,...] [--a ""] [--rounds 5]
        [--seconds 5]
-       [--clients 32] [--busy 0] [--model-dir DIR]
+       [--clients 32] [--busy 0] [--model-dir DIR] [--inputs 1,1,1,16]
 Tracing's cost: --b otlp_endpoint={collector} (an OTLP/HTTP receiver is started for it).
 A neighbour: --busy N runs N busy processes (a Python loop each, niceness 0) through every round, as
 a sidecar or the HTTP process's own work would take cores. --model-dir serves another folder.
+Mixed request sizes: --inputs 1,1,1,16 gives each request a size drawn from the list (inputs/s
+counts the list's mean a request).
 Images: --images serves bench.images' ViT-B/32-shaped CLIP its JPEGs, one a request (use --seconds 10:
 a 32-client round trip takes over a second).
 """
@@ -18,11 +20,14 @@ a 32-client round trip takes over a second).
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench.common import MODEL, ROOT, run, sentences
 from bench.images import data_urls, image_requests, photos
@@ -35,6 +40,11 @@ from tests.tiny_vision import VIT_B_32, build_clip
 def settings(text: str) -> dict[str, str]:
     """'engines=1,executor_threads=2' -> WARMPOOL_* settings for ServerProcess."""
     return dict(pair.split("=", 1) for pair in text.split(",") if pair)
+
+
+def mixed_requests(texts: list[str], sizes: list[int]) -> Callable[[random.Random], Any]:
+    """Bodies of a size drawn from `sizes`, of sentences drawn from `texts`."""
+    return lambda rng: {"input": rng.sample(texts, rng.choice(sizes))}
 
 
 def main() -> None:
@@ -51,9 +61,11 @@ def main() -> None:
     parser.add_argument("--images", action="store_true", help="bench.images' model and images instead of texts")
     parser.add_argument("--busy", type=int, default=0, help="busy processes beside the servers in every round")
     parser.add_argument("--model-dir", type=Path, default=MODEL, help=f"the model folder (default {MODEL})")
+    parser.add_argument("--inputs", default="1", help="inputs a request, drawn from this list (e.g. 1,1,1,16)")
     args = parser.parse_args()
     texts = data_urls(photos(8)) if args.images else sentences(2000)
-    body = image_requests(texts) if args.images else None
+    sizes = [int(n) for n in args.inputs.split(",")]
+    body = image_requests(texts) if args.images else None if sizes == [1] else mixed_requests(texts, sizes)
     collector = None
     if "{collector}" in args.a + args.b:  # an OTLP receiver for tracing's cost: otlp_endpoint={collector}
         collector = HttpReceiver(decode=False)
@@ -84,7 +96,10 @@ def main() -> None:
             for round_ in range(args.rounds):
                 for name in "AB" if round_ % 2 == 0 else "BA":
                     port = servers[name].port
-                    results[name].append(run(load(port, args.clients, args.seconds, texts, body=body)))
+                    window = load(
+                        port, args.clients, args.seconds, texts, body=body, per_request=statistics.mean(sizes)
+                    )
+                    results[name].append(run(window))
         finally:
             for process in busy:
                 process.kill()
