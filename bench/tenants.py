@@ -10,8 +10,11 @@
    a tenant with quotas admitted, the same tenant refused (429), against the single
    WARMPOOL_API_KEY (no quota) measured in the same run. Target: the quota check within 20 us a request.
 Never asserts.
+By default every client sends in step (its requests evenly spaced from one start: the two quiet
+tenants' arrive together); --poisson sends at exponentially distributed gaps of the same mean, as
+independent clients do.
 Usage: .venv/bin/python -m bench.tenants [--rounds 3] [--seconds 8] [--quiet-rate 20] [--noisy-quota 10]
-       [--noisy-inputs 1]
+       [--noisy-inputs 1] [--poisson]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -40,15 +44,25 @@ def keys_file(path: Path, noisy_quota: float) -> Path:
 
 
 async def paced(
-    port: int, key: str, rate: float, seconds: float, texts: list[str], seed: int, inputs: int = 1
+    port: int,
+    key: str,
+    rate: float,
+    seconds: float,
+    texts: list[str],
+    seed: int,
+    inputs: int = 1,
+    poisson: bool = False,
 ) -> list[tuple[int, float]]:
     """(status, ms) of requests of `inputs` texts sent at `rate` a second for `seconds` (a late answer
-    delays the next)."""
+    delays the next): evenly spaced from the start, or (`poisson`) at exponentially distributed gaps
+    of that mean, as independent clients send."""
     conn, out = Connection(port), []
     headers = {"authorization": f"Bearer {key}"}
-    start = time.perf_counter()
+    rng = random.Random(seed)
+    start, at = time.perf_counter(), 0.0
     for i in range(int(rate * seconds)):
-        delay = start + i / rate - time.perf_counter()
+        at = at + rng.expovariate(rate) if poisson else i / rate
+        delay = start + at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         t0 = time.perf_counter()
@@ -65,10 +79,13 @@ async def phase(
 ) -> tuple[list[float], int, int]:
     """(quiet tenants' latencies of their 200s, the third tenant's 200s, its 429s), the third tenant
     sending on `connections` connections at its quota each (0: not at all)."""
-    quiet = [paced(port, key, args.quiet_rate, args.seconds, texts, i * 97) for i, key in enumerate(QUIET.values())]
+    quiet = [
+        paced(port, key, args.quiet_rate, args.seconds, texts, i * 97, poisson=args.poisson)
+        for i, key in enumerate(QUIET.values())
+    ]
     # each connection at its quota: five send 5x its rate whatever the latency (one waits for its answers)
     third = [
-        paced(port, NOISY_KEY, args.noisy_quota, args.seconds, texts, 7 + i, args.noisy_inputs)
+        paced(port, NOISY_KEY, args.noisy_quota, args.seconds, texts, 7 + i, args.noisy_inputs, args.poisson)
         for i in range(connections)
     ]
     results = await asyncio.gather(*quiet, *third)
@@ -134,6 +151,7 @@ def main() -> None:
     parser.add_argument("--quiet-rate", type=float, default=20, help="requests a second per quiet tenant")
     parser.add_argument("--noisy-quota", type=float, default=10, help="the noisy tenant's requests_per_second")
     parser.add_argument("--noisy-inputs", type=int, default=1, help="inputs in each of the third tenant's requests")
+    parser.add_argument("--poisson", action="store_true", help="independent clients: exponential gaps, not in step")
     parser.add_argument("--micro-requests", type=int, default=200_000)
     args = parser.parse_args()
     texts = sentences(500)
