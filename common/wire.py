@@ -69,9 +69,18 @@ class Tokens(NamedTuple):
     # and usage count an image by its work
     pixels: Any = None
     adapter: str = ""  # the LoRA adapter it runs with, by name (EngineSpec.adapters); "": the base model
+    # queued behind the inputs of its priority that are not: its tenant sends well past the others' share
+    # (server/core/engine_routing.py); set as it is sent, so it changes neither its answer nor its cache key
+    behind: bool = False
 
 
 Keyed = tuple[int, Tokens]  # an input on the wire: the client's key for it, and its tokens
+
+
+def order(tokens: Tokens) -> tuple[int, bool]:
+    """Where an input queues at an engine: by priority (lower first), then those not `behind` first."""
+    return tokens.priority, tokens.behind
+
 
 # The engines' busy slots, one float each in shared memory (orchestrator/supervisor.py): BUSY while the
 # engine has work, else the monotonic time it went idle (0: never busy). Engines size their torch pools

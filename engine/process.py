@@ -19,7 +19,7 @@ from common.folderjson import ModelError
 from common.m3 import REFUSED as M3_REFUSED
 from common.modelfiles import weight_files
 from common.modelfolder import read_model_folder
-from common.wire import EngineSpec, Keyed, Msg, send
+from common.wire import EngineSpec, Keyed, Msg, order, send
 from engine.compiling.compilation import Compilation, begin
 from engine.heads import answer
 from engine.layers.checkpoint import refuse_pickles
@@ -228,9 +228,9 @@ def _run_batch(
             best = pending.best()
             # packed groups keep the batch's priority order, so the next group's first input is the
             # most urgent left; padded ones are sorted by length, so that first test is only a filter
-            if best is not None and group and best < group[0][1].priority:
+            if best is not None and group and best < order(group[0][1]):
                 rest = [item for later in [group, *groups[index + 1 :]] for item in later]
-                if best < min(tokens.priority for _, tokens in rest):
+                if best < min(order(tokens) for _, tokens in rest):
                     pending.requeue(rest)
                     return True
             if not group:

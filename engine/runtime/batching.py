@@ -6,7 +6,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
-from common.wire import Keyed
+from common.wire import Keyed, Tokens, order
 
 # What one forward call costs beyond its tokens, in tokens; the engine measures it at warm-up.
 DEFAULT_CALL_OVERHEAD_TOKENS = 16.0
@@ -60,11 +60,11 @@ def take_batch(pending: deque[Keyed], max_tokens: int, max_size: int, batch: lis
 
 
 class Pending:
-    """The inputs an engine holds, by priority (lower first, as vLLM's `priority`), oldest first
-    within one priority."""
+    """The inputs an engine holds, by priority (lower first, as vLLM's `priority`; within one, those not
+    `behind` first: common.wire.order), oldest first within one."""
 
     def __init__(self) -> None:
-        self._queues: dict[int, deque[Keyed]] = {}
+        self._queues: dict[tuple[int, bool], deque[Keyed]] = {}
         self.urgent_at = -URGENT_WINDOW_S  # when an input at priority 0 or lower last arrived (monotonic)
         self._firsts: set[int] = set()  # the key of each request's first input here (split_by_request)
 
@@ -84,11 +84,11 @@ class Pending:
             self._firsts.add(items[0][0])
         urgent = False
         for item in items:
-            priority = item[1].priority
-            urgent = urgent or priority <= 0
-            queue = self._queues.get(priority)
+            rank = order(item[1])
+            urgent = urgent or rank[0] <= 0
+            queue = self._queues.get(rank)
             if queue is None:
-                queue = self._queues[priority] = deque()
+                queue = self._queues[rank] = deque()
             queue.append(item)
         if urgent:
             self.urgent_at = time.monotonic()
@@ -100,7 +100,7 @@ class Pending:
     def requeue(self, items: list[Keyed]) -> None:
         """Inputs taken but not run go back ahead of those of their priority that came after them."""
         for item in reversed(items):
-            self._queues.setdefault(item[1].priority, deque()).appendleft(item)
+            self._queues.setdefault(order(item[1]), deque()).appendleft(item)
 
     def firsts(self, batch: list[Keyed]) -> set[int]:
         """The keys of `batch` that begin a request, forgotten here (a batch requeued loses them: its
@@ -118,19 +118,19 @@ class Pending:
             else:
                 del self._queues[priority]
 
-    def best(self) -> int | None:
-        """The most urgent priority waiting (the lowest number), None when nothing waits."""
+    def best(self) -> tuple[int, bool] | None:
+        """The most urgent order waiting (common.wire.order: the lowest), None when nothing waits."""
         return min(self._queues) if self._queues else None
 
     def take(self, max_tokens: int, max_size: int) -> list[Keyed]:
         """A batch: the most urgent inputs first, then the next priority's while the budget lasts."""
         batch: list[Keyed] = []
-        for priority in sorted(self._queues):
-            queue = self._queues[priority]
+        for rank in sorted(self._queues):
+            queue = self._queues[rank]
             before = len(batch)
             take_batch(queue, max_tokens, max_size, batch)
             if not queue:
-                del self._queues[priority]
+                del self._queues[rank]
             if len(batch) == before or len(batch) == max_size or queue:
                 break  # the budget is spent: lower priorities wait for the next batch
         return batch
@@ -181,12 +181,16 @@ def split_by_request(run: list[Keyed], firsts: set[int]) -> list[list[Keyed]]:
 
 
 def split_by_urgency(batch: list[Keyed]) -> list[list[Keyed]]:
-    """The batch's urgent inputs (priority 0 or lower) and its bulk ones, apart (Pending.take orders
-    a batch by priority): urgent inputs run in groups of their own, not behind bulk tokens, while
-    clients that give every request its own priority still get full groups."""
+    """The batch's urgent inputs (priority 0 or lower) and its bulk ones, apart, and of each those
+    `behind` apart (Pending.take orders a batch so): urgent inputs run in groups of their own, not behind
+    bulk tokens, while clients that give every request its own priority still get full groups."""
+
+    def kind(tokens: Tokens) -> tuple[bool, bool]:
+        return tokens.priority > 0, tokens.behind
+
     runs: list[list[Keyed]] = []
     for item in batch:
-        if not runs or (runs[-1][0][1].priority > 0) != (item[1].priority > 0):
+        if not runs or kind(runs[-1][0][1]) != kind(item[1]):
             runs.append([])
         runs[-1].append(item)
     return runs

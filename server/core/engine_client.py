@@ -2,18 +2,17 @@
 
 Pickling and pipe writes happen on each engine's sender thread and result bookkeeping on its
 reader thread (server.core.engine_pipe), so the event loop only registers futures and receives
-finished requests. Each input goes to the engine with the fewest tokens outstanding (bulk ones, and a
-tenant's over its share, while interactive ones are about: of all but one, server.core.engine_routing);
-a dead engine's inputs move to
-the others, once per request. An engine with work outstanding that
-answers nothing for a quarter of the stall timeout is taken for stalled: it gets no new work while
-another engine answers, and what it holds moves to those; past the whole stall timeout it is
-reported, so the supervisor can kill and replace it.
+finished requests. Each input goes to the engine with the fewest tokens outstanding (of those
+server.core.engine_routing lets it take); a dead engine's inputs move to the others, once per request.
+An engine with work outstanding that answers nothing for a quarter of the stall timeout is taken for
+stalled: it gets no new work while another engine answers, and what it holds moves to those; past
+the whole stall timeout it is reported, so the supervisor can kill and replace it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import threading
 import time
@@ -162,16 +161,16 @@ class EngineClient:
             return
         slots = self._targets()
         batches: dict[int, list[Keyed]] = {}
-        kept_off: dict[str, bool] = {}  # each tenant's, once per dispatch
+        kept_off = functools.cache(self.routing.kept_off)  # each tenant's, once per dispatch
         for entry in entries:
             key, tokens = entry.request.items[entry.index]
-            tenant = entry.request.tenant
-            if tenant not in kept_off:
-                kept_off[tenant] = self.routing.kept_off(tenant)
-            allowed = self.routing.targets(slots, tokens.priority, kept_off[tenant])
+            off = kept_off(entry.request.tenant)
+            allowed = self.routing.targets(slots, tokens.priority, off, self._load)
             able = self.adapters.able(allowed, tokens.adapter) or self.adapters.able(slots, tokens.adapter)
             entry.slot = slot = min(able or slots, key=self._load)
             self._slots[slot].add(entry.tokens)
+            if off and tokens.priority <= 0:  # queued behind the other tenants' inputs there
+                tokens = tokens._replace(behind=True)
             batches.setdefault(slot, []).append((key, tokens))
         if self.busy is not None:
             # A request split over idle engines: the first to read its share would otherwise find the

@@ -1,22 +1,32 @@
-"""Which engines an input may go to. While interactive inputs are about (one at priority 0 or lower
-within URGENT_WINDOW_S), one engine of several is kept for them: bulk inputs (above 0) keep off it, and
-so do the interactive inputs of a tenant taking more than its share of the engines' work while other
-tenants send theirs. An interactive input then finds an engine with no bulk group (or another tenant's
-big request) running, instead of waiting for one and sharing the cores with it. The others run that
-work meanwhile, all of them again once interactive traffic stops. With one engine there is nothing to
-keep: bulk yields between its groups (the engine's priority order).
+"""Which engines an input may go to, and where it queues there. While interactive inputs are about (one
+at priority 0 or lower within URGENT_WINDOW_S), one engine of several is kept for them: bulk inputs
+(above 0) keep off it. An interactive input then finds an engine with no bulk group running, instead of
+waiting for one and sharing the cores with it. The others run bulk work meanwhile, all of them again
+once interactive traffic stops. With one engine there is nothing to keep: bulk yields between its
+groups (the engine's priority order).
 
 On 2 Zen 5 cores, one interactive client beside a Batch API job (all-MiniLM-L6-v2, compiled): with
 every engine taking bulk work p50 17-18 ms, p99 28-30 ms (2.2-2.6x alone), ~7 ms of it waiting for
 an engine whatever the bulk groups' size (16 to 64 tokens); with one kept, p50 9.3-9.5 ms, p99
 20.5-20.8 ms (1.55x alone), the job's lines/s meanwhile as before.
+
+Tenants (keys that name them): one sending more than its share of the engines' work while others send
+theirs keeps off the kept engine too, at the priority it asked, until the other engines hold a group of
+its inputs each (SPILL_TOKENS); and wherever its inputs go they queue behind the other tenants' of that
+priority (Tokens.behind: the engine runs theirs first, between its groups). On 2 Zen 5 cores, a tenant of
+32 clients beside one sending 20 requests/s (bench.busy_tenant), against the tree without either: the
+light one's p50/p99 33.4/72.7 ms against 65.9/141.1, the heavy one's inputs/s 309 against 330 (its
+groups no longer carry the light one's inputs: those run apart, first). Kept off altogether (no
+spilling) the light one's p50 was 13.2 ms but the heavy one served 225 inputs/s; spilling without
+queueing behind, 60.2 ms. Smaller groups for inputs behind cost more than they gave (192 tokens: p50
+28.8 ms, 310 inputs/s).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from common.wire import Keyed
 
@@ -30,8 +40,13 @@ SHARE_HALF_LIFE_S = 1.0
 # equal rates drift around their equal share; only one sending well past the others is kept off.
 OVER_SHARE = 1.5
 # A tenant with less than this share of the decayed tokens is not about: a request now and then does not
-# keep a busy tenant off an engine for the seconds its tokens take to decay.
-ABOUT_SHARE = 0.05
+# hold a busy tenant behind for the seconds its tokens take to decay. At 5 %, a tenant of 20 requests/s
+# beside one of 32 clients was about only some of the time: its p99 115-130 ms against 69-78 at 1 %.
+ABOUT_SHARE = 0.01
+# A tenant over its share spills onto the kept engine while every other one holds at least this many
+# tokens and the kept one fewer (a group's worth, engine.runtime.batching's GROUP_TOKENS): one that fills
+# the machine keeps its throughput; the others, queued before its inputs, wait for the group running.
+SPILL_TOKENS = 384
 # Below this many decayed tokens a tenant is forgotten.
 GONE_TOKENS = 1.0
 
@@ -82,14 +97,21 @@ class EngineRouting:
             self.shares.add(tenant, sum(len(tokens.input_ids) for tokens in interactive), now)
 
     def kept_off(self, tenant: str) -> bool:
-        """Whether `tenant`'s interactive inputs keep off the kept engine now: it takes more than its share."""
+        """Whether `tenant`'s interactive inputs keep off the kept engine (until they spill) and queue behind
+        the others' now: it takes more than its share."""
         return self.shares.over(tenant, time.monotonic())
 
-    def targets(self, slots: list[int], priority: int, kept_off: bool = False) -> list[int]:
-        """The engines an input at `priority` may go to (`kept_off`: its tenant's, as kept_off said): all but
-        the lowest slot for bulk work, and for a tenant over its share, while interactive inputs are about
-        and there are several; else all."""
+    def targets(
+        self, slots: list[int], priority: int, kept_off: bool = False, load: Callable[[int], int] | None = None
+    ) -> list[int]:
+        """The engines an input at `priority` may go to (`kept_off`: its tenant's, as kept_off said; `load`:
+        each engine's tokens outstanding): all but the lowest slot for bulk work, and for a tenant over its
+        share, while interactive inputs are about and there are several; else all. A tenant over its share
+        takes the lowest slot too while the others hold SPILL_TOKENS each and it fewer."""
         if (priority <= 0 and not kept_off) or len(slots) < 2 or time.monotonic() - self.urgent_at >= URGENT_WINDOW_S:
             return slots
         kept = min(slots)
-        return [slot for slot in slots if slot != kept]
+        others = [slot for slot in slots if slot != kept]
+        if priority <= 0 and load is not None and load(kept) < SPILL_TOKENS <= min(map(load, others)):
+            return slots
+        return others

@@ -6,7 +6,8 @@ arrays), not a response: everything a request does after the engine (normalisati
 encodings, chunk pooling, the surface's shape) runs on a hit as on a miss. So the key holds what
 decides the engine's bits: the model's files, its precision, device and engine mode, and the input as
 the engine receives it (`common.wire.Tokens`: token ids after the prompt and truncation, token types,
-head, masked keys, bge-m3's outputs, an image's pixels, the LoRA adapter); never its priority.
+head, masked keys, bge-m3's outputs, an image's pixels, the LoRA adapter); never its priority or its place
+in the queue (`behind`).
 """
 
 from __future__ import annotations

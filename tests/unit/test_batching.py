@@ -266,7 +266,7 @@ def test_requeued_inputs_go_back_ahead_of_their_priority() -> None:
     pending.extend([urgent(5, 3, 1)])
     pending.requeue([urgent(1, 3, 1), urgent(2, 3, 1)])
     assert keys(list(pending)) == [1, 2, 5]
-    assert pending.best() == 1
+    assert pending.best() == (1, False)
 
 
 def test_drop_removes_cancelled_inputs_of_every_priority() -> None:
@@ -275,7 +275,7 @@ def test_drop_removes_cancelled_inputs_of_every_priority() -> None:
     pending.extend([urgent(0, 3, 0), urgent(1, 3, 2), urgent(2, 3, 2)])
     pending.drop({0, 2})
     assert keys(list(pending)) == [1]
-    assert pending.best() == 2 and len(pending) == 1
+    assert pending.best() == (2, False) and len(pending) == 1
 
 
 def test_bulk_runs_in_small_groups_only_while_urgent_work_is_about() -> None:
@@ -339,3 +339,20 @@ def test_request_marks_are_forgotten_when_taken_or_dropped() -> None:
     pending.extend([item(20, 5)])
     pending.drop({20})
     assert pending._firsts == set()
+
+
+def behind(key: int, length: int) -> Keyed:
+    """An interactive input of a tenant sending past the others' share."""
+    return (key, Tokens(list(range(length)), behind=True))
+
+
+def test_inputs_behind_queue_after_the_others_of_their_priority_and_run_apart() -> None:
+    """Within priority 0, a tenant over its share waits behind the others, older or not, and never
+    shares their group; bulk work still waits behind both."""
+    pending = Pending()
+    pending.extend([behind(0, 10), behind(1, 10)])
+    pending.extend([urgent(2, 10, 1)])
+    pending.extend([urgent(3, 10, 0)])
+    batch = pending.take(max_tokens=1000, max_size=100)
+    assert keys(batch) == [3, 0, 1, 2]
+    assert [keys(g) for g in split_packed(batch)] == [[3], [0, 1], [2]]

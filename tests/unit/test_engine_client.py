@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.wire import BUSY, Tokens
-from server.core.engine_routing import URGENT_WINDOW_S
+from server.core.engine_routing import SPILL_TOKENS, URGENT_WINDOW_S
 from server.core.outcome import Outcome
 from tests.unit.engine_rig import EXECUTOR_PREFIX, Rig, result, run, tok, until
 
@@ -188,6 +188,25 @@ def test_a_tenant_over_its_share_keeps_off_the_engine_kept_for_the_others() -> N
         _, (small,) = rig.client.submit([tok(4, 2)], tenant="search")
         await until(lambda: {big, small} <= set(a.keys + b.keys), "the later inputs at the engines")
         assert big in b.keys and small in a.keys
+        sent = {key: tokens for batch in a.submits + b.submits for key, tokens in batch}
+        assert sent[big].behind and not sent[small].behind  # queued behind the other tenant's there
+
+    run(scenario)
+
+
+def test_a_tenant_over_its_share_spills_onto_the_kept_engine_once_the_others_hold_a_group() -> None:
+    """Kept off engine 0 while engine 1 has room; once engine 1 holds SPILL_TOKENS of its inputs, the
+    next goes to engine 0 (still queued behind the others' there): it keeps its throughput."""
+
+    async def scenario(rig: Rig) -> None:
+        a, b = rig.attach(0), rig.attach(1)
+        rig.client.submit([tok(1, 40)], tenant="search")  # about: a tenth of the tokens
+        _, held = rig.client.submit([tok(2, 16) for _ in range(SPILL_TOKENS // 16)], tenant="indexer")
+        await until(lambda: len(a.keys) + len(b.keys) == 1 + len(held), "the first inputs at the engines")
+        assert set(held) <= set(b.keys)
+        _, (spilled,) = rig.client.submit([tok(3, 16)], tenant="indexer")
+        await until(lambda: spilled in a.keys + b.keys, "the spilled input at an engine")
+        assert spilled in a.keys
 
     run(scenario)
 

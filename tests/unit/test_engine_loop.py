@@ -174,3 +174,16 @@ def test_a_query_sent_before_a_big_request_is_answered_first_and_alone(reader: b
     batch = pending.take(max_tokens=10_000, max_size=100)
     assert _run_batch(Inbox(theirs, reader), FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
     assert [ours.recv()[1][0] for _ in range(2)] == [[0], list(range(1, 9))]
+
+
+def test_another_tenants_input_stops_a_batch_of_inputs_queued_behind(reader: bool) -> None:
+    """At one priority, an input not `behind` arriving while a batch of a tenant over its share runs
+    stops it after the group in progress, and runs before the rest of it."""
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    batch = [(key, Tokens(list(range(300)), behind=True)) for key in range(3)]  # one group each
+    send(ours, (Msg.SUBMIT, [(9, Tokens([1, 2, 3]))]))
+    pending = Pending()
+    assert _run_batch(received(theirs, reader), FakeModel(), batch, 0.0, FakeShare(), pending)  # type: ignore[arg-type]
+    assert ours.recv()[1][0] == [0]
+    assert not ours.poll(0.1)
+    assert [key for key, _ in pending] == [9, 1, 2]
