@@ -75,11 +75,12 @@ class Pending:
         return bool(self._queues)
 
     def __iter__(self) -> Iterator[Keyed]:
-        for priority in sorted(self._queues):
-            yield from self._queues[priority]
+        for rank in sorted(self._queues):
+            yield from self._queues[rank]
 
     def extend(self, items: list[Keyed]) -> None:
-        """One request's inputs (one message from the engine client holds one request's share)."""
+        """One message's inputs: one request's share (several requests' when inputs move between engines,
+        then taken for one by split_by_request)."""
         if items:
             self._firsts.add(items[0][0])
         urgent = False
@@ -111,12 +112,12 @@ class Pending:
 
     def drop(self, keys: set[int]) -> None:
         self._firsts -= keys
-        for priority, queue in list(self._queues.items()):
+        for rank, queue in list(self._queues.items()):
             kept = [item for item in queue if item[0] not in keys]
             if kept:
-                self._queues[priority] = deque(kept)
+                self._queues[rank] = deque(kept)
             else:
-                del self._queues[priority]
+                del self._queues[rank]
 
     def best(self) -> tuple[int, bool] | None:
         """The most urgent order waiting (common.wire.order: the lowest), None when nothing waits."""
