@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import MODEL, ROOT, Connection, pct, run, sentences
+from bench.common import MODEL, ROOT, Connection, in_turn, pct, run, sentences
 from tests.server_process import ServerProcess
 
 
@@ -51,25 +51,23 @@ def main() -> None:
     parser.add_argument("--bursts", type=int, default=10, help="bursts per server per round")
     args = parser.parse_args()
     texts = sentences(500)
-    results: dict[str, tuple[list[float], list[float]]] = {"A (this tree)": ([], []), f"B ({args.b_source})": ([], [])}
     with tempfile.TemporaryDirectory() as tmp:
-        servers = [
-            ServerProcess(MODEL, Path(tmp) / "a.log", log_level="warning"),
-            ServerProcess(MODEL, Path(tmp) / "b.log", log_level="warning", source=args.b_source),
-        ]
-        try:
-            for server in servers:
-                server.wait_ready().wait_engines()
-                run(bursts(server.port, args, texts, 2))  # warm: first requests' costs unmeasured
-            named = list(zip(results, servers, strict=True))
-            for round_ in range(args.rounds):
-                for name, server in named if round_ % 2 == 0 else named[::-1]:
-                    slowest, alone = run(bursts(server.port, args, texts, args.bursts))
-                    results[name][0].extend(slowest)
-                    results[name][1].extend(alone)
-        finally:
-            for server in servers:
-                server.stop()
+        servers = {
+            "A (this tree)": ServerProcess(MODEL, Path(tmp) / "a.log", log_level="warning"),
+            f"B ({args.b_source})": ServerProcess(
+                MODEL, Path(tmp) / "b.log", log_level="warning", source=args.b_source
+            ),
+        }
+        measured = in_turn(
+            servers,
+            args.rounds,
+            lambda server: run(bursts(server.port, args, texts, args.bursts)),
+            lambda server: run(bursts(server.port, args, texts, 2)),  # warm: first requests' costs unmeasured
+        )
+    results = {
+        name: ([ms for r in rounds for ms in r[0]], [ms for r in rounds for ms in r[1]])
+        for name, rounds in measured.items()
+    }
     print(f"{args.requests} requests of {args.inputs} inputs at once after {args.pause} s idle:")
     for name, (slowest, alone) in results.items():
         print(

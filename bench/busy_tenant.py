@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import MODEL, ROOT, Connection, pct, run, sentences
+from bench.common import MODEL, ROOT, Connection, in_turn, pct, run, sentences
 from bench.tenants import paced
 from tests.server_process import ServerProcess
 
@@ -65,27 +65,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8)
     args = parser.parse_args()
     texts = sentences(500)
-    names = ["A (this tree)", f"B ({args.b_source})"]
-    results: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in names}
     with tempfile.TemporaryDirectory() as tmp:
         keys = Path(tmp) / "keys.json"
         keys.write_text(json.dumps({"tenants": {t: {"keys": [k], "scopes": ["inference"]} for t, k in KEYS.items()}}))
-        servers = [
-            ServerProcess(MODEL, Path(tmp) / f"{i}.log", source=source, log_level="warning", api_keys_file=keys)
-            for i, source in enumerate((ROOT, args.b_source))
-        ]
-        try:
-            for server in servers:
-                server.wait_ready().wait_engines()
-            named = list(zip(names, servers, strict=True))
-            for number in range(args.rounds):
-                for name, server in named if number % 2 == 0 else named[::-1]:
-                    rate, latencies = run(round_(server.port, args, texts))
-                    results[name][0].append(rate)
-                    results[name][1].extend(latencies)
-        finally:
-            for server in servers:
-                server.stop()
+        servers = {
+            name: ServerProcess(MODEL, Path(tmp) / f"{i}.log", source=source, log_level="warning", api_keys_file=keys)
+            for i, (name, source) in enumerate({"A (this tree)": ROOT, f"B ({args.b_source})": args.b_source}.items())
+        }
+        measured = in_turn(servers, args.rounds, lambda server: run(round_(server.port, args, texts)))
+    results = {name: ([r[0] for r in rounds], [ms for r in rounds for ms in r[1]]) for name, rounds in measured.items()}
     print(f"a busy tenant of {args.clients} clients beside a light one of {args.rate:g} requests/s:")
     for name, (rates, latencies) in results.items():
         print(

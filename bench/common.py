@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import random
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +37,28 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     import uvloop
 
     return uvloop.run(coro)
+
+
+def in_turn(
+    servers: dict[str, Any], rounds: int, measure: Callable[[Any], T], warm: Callable[[Any], Any] | None = None
+) -> dict[str, list[T]]:
+    """`measure` of each of `servers` (tests.server_process.ServerProcess, by name; stopped at the end)
+    once a round, the order reversed every other round (A B, B A, ...) so the machine's drift within a
+    run hits them alike; each ready, its engines up and `warm` run on it first."""
+    named = list(servers.items())
+    results: dict[str, list[T]] = {name: [] for name in servers}
+    try:
+        for _, server in named:
+            server.wait_ready().wait_engines()
+            if warm is not None:
+                warm(server)
+        for number in range(rounds):
+            for name, server in named if number % 2 == 0 else named[::-1]:
+                results[name].append(measure(server))
+    finally:
+        for _, server in named:
+            server.stop()
+    return results
 
 
 def sentences(n: int, seed: int = 0) -> list[str]:
