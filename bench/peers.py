@@ -1,10 +1,11 @@
 """warmpool against the servers its users would pick instead, in one window: the same load for each.
 
-Each server in turn, alone on the machine: start it and time it to ready, then for each client count
-the same batch-1 `/v1/embeddings` load with a health probe alongside (bench.load.load), with
-sentence-transformers `encode` (batch 32) measured right before as the baseline, and the PSS of the
-server's processes after the load. Prints one line per server and level, ratios against the raw
-model and against the first server; never asserts.
+Each server in turn, alone on the machine: start it and time it to ready, then for each client count the
+same batch-1 `/v1/embeddings` load with a health probe alongside (bench.load.load), with
+sentence-transformers `encode` (batch 32) measured right before as the baseline, the cores each of the
+server's processes took meanwhile (the one started first, then the others), and their PSS after the
+load. Prints one line per server and level, ratios against the raw model and against the first server;
+never asserts.
 
 A peer is `NAME=COMMAND`: COMMAND starts its server in the foreground on the model folder
 (`--model-dir`, default the repository's all-MiniLM-L6-v2), with `{model}`, `{name}` and `{port}`
@@ -35,17 +36,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
 
-from bench.common import MODEL, pct, run, sentences
-from bench.load import RawModel, Window, load
+from bench.common import MODEL, cpu_ticks, pct, process_tree, run, sentences
+from bench.load import RawModel, load
 from common.procmem import process_memory
 from tests.server_process import ServerProcess, free_port, wait_for
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -56,21 +60,20 @@ class Served:
     probe: str
 
 
-def tree(pid: int) -> list[int]:
-    """pid and every process below it."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    found, todo = [], [pid]
-    while todo:
-        found.append(current := todo.pop())
-        todo += [child for child, parent in parents.items() if parent == current]
-    return found
+def cpu_split(pid: int, during: Coroutine[Any, Any, T]) -> tuple[T, str]:
+    """`during`'s result and the CPU the server's processes took meanwhile, in cores: the first
+    process (the one started: warmpool's HTTP server, vLLM's API server) then the others, largest first."""
+    before = {p: cpu_ticks(p) for p in process_tree(pid)}
+    started = time.monotonic()
+    result = run(during)
+    seconds = (time.monotonic() - started) * os.sysconf("SC_CLK_TCK")
+    used = {p: (cpu_ticks(p) - before.get(p, 0)) / seconds for p in process_tree(pid)}
+    others = sorted((v for p, v in used.items() if p != pid and v >= 0.01), reverse=True)
+    return result, f"cores {used.get(pid, 0.0):.2f} + " + "/".join(f"{v:.2f}" for v in others)
 
 
 def pss_mb(pid: int) -> float:
-    return sum((process_memory(p) or {}).get("pss_mb", 0.0) for p in tree(pid))
+    return sum((process_memory(p) or {}).get("pss_mb", 0.0) for p in process_tree(pid))
 
 
 @contextlib.contextmanager
@@ -184,8 +187,9 @@ def main() -> None:
                 print(f"{label}: ready {served.ready_s:.1f} s; cosine to float32 min {low:.5f}, mean {mean:.5f}")
                 for clients in levels:
                     baseline = raw.throughput()
-                    window: Window = run(
-                        load(served.port, clients, args.seconds, texts, probe=served.probe, body=request)
+                    window, cores = cpu_split(
+                        served.pid,
+                        load(served.port, clients, args.seconds, texts, probe=served.probe, body=request),
                     )
                     rate = window.inputs_s
                     first.setdefault(clients, rate)
@@ -193,7 +197,8 @@ def main() -> None:
                         f"{label}, {clients}: {rate:.1f}/s ({rate / baseline:.2f} x raw {baseline:.0f}/s, "
                         f"{rate / first[clients]:.2f} x first), {pct(window.latencies, 0.5):.1f}/"
                         f"{pct(window.latencies, 0.99):.1f} ms, probe p99 {window.probe_p99:.1f} ms, "
-                        f"errors {window.errors}; ready {served.ready_s:.1f} s; PSS {pss_mb(served.pid):.0f} MB",
+                        f"errors {window.errors}; {cores}; ready {served.ready_s:.1f} s; "
+                        f"PSS {pss_mb(served.pid):.0f} MB",
                         flush=True,
                     )
 
