@@ -72,5 +72,10 @@ class HeapTrim:
             return
         self.last = now
         if self.free_bytes() >= self.trim_above:
+            self.release()
+
+    def release(self) -> None:
+        """Hand the heap's free memory back now (nothing where the allocator is not glibc's)."""
+        if self._trim is not None:
             self._trim(0)
             self.trims += 1

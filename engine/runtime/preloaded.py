@@ -33,6 +33,7 @@ from engine.heads import dense, multivector, sparse
 from engine.layers.checkpoint import release_unused_pages
 from engine.precision import gemm, int8, rows
 from engine.runtime.device import Placement, place
+from engine.runtime.heap import HeapTrim
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ def build_all(entries: list[tuple[str, str, Path | None]]) -> None:
                 BUILT[(folder, precision)] = Built(None, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
     finally:
         torch.set_num_threads(threads)
+        HeapTrim().release()  # what building freed (converted copies), not every engine's to inherit
 
 
 def built_with_gemm(info: ModelFolder, placement: Placement, records: Path | None) -> nn.Module:
