@@ -4,9 +4,10 @@ Prints ratios against sentence-transformers `encode` (batch 32, same thread coun
 the same run; never asserts. This machine's speed drifts by tens of percent within a minute, so
 each level's time is split into windows that alternate with short raw-model runs (the server idle
 meanwhile): every window is compared with the raw runs just before and after it, and a level's
-ratio is the median of its windows'.
+ratio is the median of its windows'. Engines are eager unless --compiled (WARMPOOL_COMPILE=required, the
+artifact built into the run's own cache before the server is ready).
 Usage: .venv/bin/python -m bench.load [--seconds 15] [--windows 3] [--clients 1,8,32] [--engines N] [--dtype int8]
-         [--model DIR] [--raw-texts 320]
+         [--compiled] [--model DIR] [--raw-texts 320]
 """
 
 from __future__ import annotations
@@ -206,6 +207,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=MODEL, help="a model folder (bench.shapes makes big ones)")
     parser.add_argument("--raw-texts", type=int, default=320, help="sentences per raw-model run")
     parser.add_argument("--dtype", help="WARMPOOL_DTYPE (default: the server's); the raw model stays float32")
+    parser.add_argument("--compiled", action="store_true", help="compiled engines (built before ready); else eager")
     args = parser.parse_args()
     texts = sentences(2000)
     threads = os.cpu_count() or 1
@@ -217,7 +219,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         extra = {"engines": args.engines, "dtype": args.dtype}
         settings = {name: value for name, value in extra.items() if value}
-        server = ServerProcess(args.model, Path(tmp) / "server.log", log_level="warning", **settings).wait_ready(600)
+        if args.compiled:  # the artifact built before ready, into this run's own cache
+            settings.update(compile="required", compile_cache=Path(tmp) / "compile-cache")
+        server = ServerProcess(args.model, Path(tmp) / "server.log", log_level="warning", **settings).wait_ready(1200)
         server.wait_engines()
         try:
             mflop_per_token = float(server.phase("warmup")["detail"].get("mflop_per_token", "nan"))
