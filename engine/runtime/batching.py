@@ -124,7 +124,8 @@ class Pending:
         return min(self._queues) if self._queues else None
 
     def take(self, max_tokens: int, max_size: int) -> list[Keyed]:
-        """A batch: the most urgent inputs first, then the next priority's while the budget lasts."""
+        """A batch: the most urgent inputs first, then the next rank's (common.wire.order: priority, then
+        behind) while the budget lasts."""
         batch: list[Keyed] = []
         for rank in sorted(self._queues):
             queue = self._queues[rank]
@@ -200,12 +201,13 @@ def split_by_urgency(batch: list[Keyed]) -> list[list[Keyed]]:
 def split_packed(
     batch: list[Keyed], bulk_tokens: int = GROUP_TOKENS, firsts: set[int] | None = None
 ) -> list[list[Keyed]]:
-    """split_by_tokens over each priority's run, cut before a big request after small ones
-    (split_by_request, with `firsts`); bulk runs (priority above 0) in `bulk_tokens` groups."""
+    """split_by_tokens over each priority's run, an interactive run cut before a big request after small
+    ones (split_by_request, with `firsts`: a latency matter; bulk runs keep their groups full); bulk runs
+    (priority above 0) in `bulk_tokens` groups."""
     return [
         group
         for run in split_by_urgency(batch)
-        for part in split_by_request(run, firsts or set())
+        for part in (split_by_request(run, firsts or set()) if run[0][1].priority <= 0 else [run])
         for group in split_by_tokens(part, bulk_tokens if run[0][1].priority > 0 else GROUP_TOKENS)
     ]
 

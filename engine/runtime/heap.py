@@ -1,4 +1,5 @@
-"""The engine returns the heap memory its batches freed, when it is idle (glibc's malloc_trim).
+"""The engine returns the heap memory its batches freed, when it is idle (glibc's malloc_trim); the
+forkserver returns what building the models freed, before it forks an engine (release()).
 
 glibc serves an allocation above its mmap threshold with a mapping of its own, unmapped when freed;
 below it, from the heap, which keeps what is freed for reuse. The threshold rises to the size of
@@ -40,7 +41,8 @@ class _Mallinfo2(ctypes.Structure):
 
 
 class HeapTrim:
-    """Called when the engine's queue is empty: hands the heap's free memory back to the system."""
+    """idle(), called when the engine's queue is empty, hands the heap's free memory back to the system
+    (at most once per `every_s`, above `trim_above` free); release() at once."""
 
     def __init__(self, trim_above: int = TRIM_ABOVE, every_s: float = CHECK_EVERY_S) -> None:
         self.trim_above, self.every_s = trim_above, every_s

@@ -11,9 +11,11 @@ an engine whatever the bulk groups' size (16 to 64 tokens); with one kept, p50 9
 20.5-20.8 ms (1.55x alone), the job's lines/s meanwhile as before.
 
 Tenants (keys that name them): one sending more than its share of the engines' work while others send
-theirs keeps off the kept engine too, at the priority it asked, until the other engines hold a group of
-its inputs each (SPILL_TOKENS); and wherever its inputs go they queue behind the other tenants' of that
-priority (Tokens.behind: the engine runs theirs first, between its groups). On 2 Zen 5 cores, a tenant of
+theirs (judged with the request's own tokens counted: one big request after a quiet spell counts as a
+burst) keeps off the kept engine too, at the priority it asked, except while every other engine holds a
+group's worth of tokens (SPILL_TOKENS, anyone's) and the kept one less; and wherever its inputs go they
+queue behind the other tenants' of that priority (Tokens.behind, set when they are sent: the engine runs
+theirs first, between its groups). On 2 Zen 5 cores, a tenant of
 32 clients beside one sending 20 requests/s (bench.busy_tenant), against the tree without either: the
 light one's p50/p99 33.4/72.7 ms against 65.9/141.1, the heavy one's inputs/s 309 against 330 (its
 groups no longer carry the light one's inputs: those run apart, first). Kept off altogether (no
@@ -57,22 +59,19 @@ class TenantShares:
     def __init__(self) -> None:
         self._sent: dict[str, tuple[float, float]] = {}  # tenant -> (decayed tokens, as of when)
 
-    def _now(self, tenant: str, now: float) -> float:
+    def sent(self, tenant: str, now: float) -> float:
+        """`tenant`'s tokens sent, decayed to `now`."""
         tokens, at = self._sent.get(tenant, (0.0, now))
         return tokens * math.exp2((at - now) / SHARE_HALF_LIFE_S)
 
-    def sent(self, tenant: str, now: float) -> float:
-        """`tenant`'s tokens sent, decayed to `now`."""
-        return self._now(tenant, now)
-
     def add(self, tenant: str, tokens: int, now: float) -> None:
-        self._sent[tenant] = (self._now(tenant, now) + tokens, now)
+        self._sent[tenant] = (self.sent(tenant, now) + tokens, now)
 
     def over(self, tenant: str, now: float) -> bool:
         """Whether `tenant` sent more than OVER_SHARE times an equal share of what the tenants about
         sent (ABOUT_SHARE of it or more), while another is about; those long quiet are forgotten (the
         dict stays bounded)."""
-        decayed = {name: self._now(name, now) for name in self._sent}
+        decayed = {name: self.sent(name, now) for name in self._sent}
         for name, tokens in decayed.items():
             if tokens < GONE_TOKENS:
                 del self._sent[name]

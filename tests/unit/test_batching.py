@@ -330,6 +330,15 @@ def test_a_big_request_after_inputs_weighing_more_than_half_of_it_is_not_cut() -
     assert split_packed(batch, firsts=pending.firsts(batch)) == [batch]
 
 
+def test_bulk_requests_keep_their_groups_full() -> None:
+    """The cut is for latency: a Batch API job's one-input line before an 8-input one shares its group."""
+    pending = Pending()
+    pending.extend([(0, Tokens(list(range(20)), priority=1))])
+    pending.extend([(1 + i, Tokens(list(range(20)), priority=1)) for i in range(8)])
+    batch = pending.take(max_tokens=10_000, max_size=1_000)
+    assert [keys(g) for g in split_packed(batch, firsts=pending.firsts(batch))] == [list(range(9))]
+
+
 def test_request_marks_are_forgotten_when_taken_or_dropped() -> None:
     """Pending keeps a mark per request only while its first input waits: the set stays bounded."""
     pending = Pending()

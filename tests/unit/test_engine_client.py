@@ -207,6 +207,8 @@ def test_a_tenant_over_its_share_spills_onto_the_kept_engine_once_the_others_hol
         _, (spilled,) = rig.client.submit([tok(3, 16)], tenant="indexer")
         await until(lambda: spilled in a.keys + b.keys, "the spilled input at an engine")
         assert spilled in a.keys
+        sent = {key: tokens for batch in a.submits for key, tokens in batch}
+        assert sent[spilled].behind
 
     run(scenario)
 

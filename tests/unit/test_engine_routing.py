@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import time
 
-from server.core.engine_routing import ABOUT_SHARE, SHARE_HALF_LIFE_S, EngineRouting, TenantShares
+from engine.runtime import batching
+from server.core import engine_routing
+from server.core.engine_routing import ABOUT_SHARE, SHARE_HALF_LIFE_S, SPILL_TOKENS, EngineRouting, TenantShares
 
 
 def steady(shares: TenantShares, rates: dict[str, int], seconds: float, step: float = 0.05) -> float:
@@ -60,3 +62,23 @@ def test_an_over_share_tenants_interactive_inputs_keep_off_the_kept_engine() -> 
     assert routing.targets([0, 1, 2], priority=0, kept_off=True) == [1, 2]
     assert routing.targets([0, 1, 2], priority=0, kept_off=False) == [0, 1, 2]
     assert routing.targets([0], priority=0, kept_off=True) == [0]  # one engine: nothing to keep
+
+
+def test_an_over_share_tenant_takes_the_kept_engine_while_the_others_hold_a_group_each() -> None:
+    """Spill: every other engine at SPILL_TOKENS or more and the kept one below it; else kept off."""
+    routing = EngineRouting()
+    routing.urgent_at = time.monotonic()
+    loads = {0: 0, 1: SPILL_TOKENS, 2: SPILL_TOKENS}
+    assert routing.targets([0, 1, 2], priority=0, kept_off=True, load=loads.__getitem__) == [0, 1, 2]
+    loads[2] = SPILL_TOKENS - 1  # one other engine still has room
+    assert routing.targets([0, 1, 2], priority=0, kept_off=True, load=loads.__getitem__) == [1, 2]
+    loads.update({0: SPILL_TOKENS, 2: SPILL_TOKENS})  # the kept engine holds a group already
+    assert routing.targets([0, 1, 2], priority=0, kept_off=True, load=loads.__getitem__) == [1, 2]
+    assert routing.targets([0, 1, 2], priority=1, load={0: 0, 1: 999, 2: 999}.__getitem__) == [1, 2]  # bulk never
+
+
+def test_the_routing_windows_match_the_engines() -> None:
+    """The server cannot import the engine: its copies of the engines' group size and urgent window are
+    checked here."""
+    assert SPILL_TOKENS == batching.GROUP_TOKENS
+    assert engine_routing.URGENT_WINDOW_S == batching.URGENT_WINDOW_S
