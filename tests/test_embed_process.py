@@ -55,14 +55,16 @@ def test_a_server_of_its_own_is_started_and_stopped(model_dir: Path, tmp_path: P
     assert servers_under(tmp_path) == []
 
 
-# Rows enough that the SIGTERM, sent at the first 8 written, comes mid-run; the resume embeds the rest
-# in several batches (1,500 rows took ~30 s of CPU to resume for the same checks)
+# Rows enough that the SIGTERM, sent at the first row written, comes mid-run: one row a request, ~300
+# round trips, so a test process the machine starves for a while still sends it before the end (at 8
+# rows a request the run once ended first); the resume embeds the rest in several batches (1,500 rows
+# took ~30 s of CPU to resume for the same checks)
 ROWS = 300
 
 
 def test_sigterm_mid_run_then_resume_gives_each_row_once(model_dir: Path, tmp_path: Path) -> None:
     source, out = corpus(tmp_path, ROWS), tmp_path / "out.jsonl"
-    run = embed(source, out, model_dir, tmp_path, "--batch-size", "8", "--concurrency", "1")
+    run = embed(source, out, model_dir, tmp_path, "--batch-size", "1", "--concurrency", "1")
     wait_for(lambda: out.exists() and out.stat().st_size > 0, RUN_TIMEOUT_S, "the first rows written")
     run.send_signal(signal.SIGTERM)
     run.communicate(timeout=RUN_TIMEOUT_S)

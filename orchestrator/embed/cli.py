@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None, transport: httpx.AsyncBaseTransport | No
     except SystemExit as exc:  # --help (0) or a usage error (2)
         return int(exc.code or 0)
     on_main_thread = threading.current_thread() is threading.main_thread()
+    _INTERRUPTED.clear()
     if on_main_thread:  # a pod stopped: as Ctrl-C, what was written kept
         previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -151,6 +152,8 @@ async def _embed(
 
         async def chunks() -> AsyncIterator[list[Row]]:
             while chunk := await asyncio.to_thread(lambda: list(itertools.islice(rows, args.batch_size))):
+                if _INTERRUPTED.is_set():  # the handler's exception was swallowed where it landed
+                    raise KeyboardInterrupt
                 yield chunk
 
         async def write(chunk: list[Row], vectors: np.ndarray) -> None:
@@ -164,7 +167,13 @@ async def _embed(
             bar.close()
 
 
+# Set by a SIGTERM, besides the KeyboardInterrupt its handler raises: raised wherever the main thread is,
+# that can land in a finalizer, which ignores it: the run would go on to its end.
+_INTERRUPTED = threading.Event()
+
+
 def _interrupt(signum: int, frame: object) -> None:
+    _INTERRUPTED.set()
     raise KeyboardInterrupt
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -176,6 +177,24 @@ def test_an_interruption_is_exit_130_and_keeps_what_was_written(tmp_path: Path) 
     args = [str(write_corpus(tmp_path, ".jsonl")), "-o", str(out), "--batch-size", "3", "--concurrency", "1"]
     assert run(args, handler) == cli.EXIT_INTERRUPTED
     assert [r["row"] for r in out_rows(out)] == [0, 1, 2]
+
+
+def test_a_sigterm_whose_exception_is_swallowed_still_stops_the_run(tmp_path: Path) -> None:
+    """The handler's KeyboardInterrupt can land where it is ignored (a finalizer): the next chunk stops."""
+    requests = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal requests
+        requests += 1
+        if requests == 2:
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # type: ignore[operator]
+        return fake(request)
+
+    out = tmp_path / "o.jsonl"
+    args = [str(write_corpus(tmp_path, ".jsonl")), "-o", str(out), "--batch-size", "3", "--concurrency", "1"]
+    assert run(args, handler) == cli.EXIT_INTERRUPTED
+    assert [r["row"] for r in out_rows(out)] == [0, 1, 2, 3, 4, 5]
 
 
 def test_the_orchestrator_hands_the_embed_word_to_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
