@@ -163,38 +163,38 @@ def test_a_missing_field_is_exit_2(tmp_path: Path) -> None:
     assert run(args, fake) == cli.EXIT_USAGE
 
 
-def test_an_interruption_is_exit_130_and_keeps_what_was_written(tmp_path: Path) -> None:
+def interrupted_at_second_request(tmp_path: Path, interrupt: Callable[[], None]) -> list[int]:
+    """Three rows a request, one at a time, `interrupt()` on the second: the rows written, after exit 130."""
     requests = 0
 
     def handler(request: httpx.Request) -> httpx.Response:
         nonlocal requests
         requests += 1
         if requests == 2:
-            raise KeyboardInterrupt
+            interrupt()
         return fake(request)
 
     out = tmp_path / "o.jsonl"
     args = [str(write_corpus(tmp_path, ".jsonl")), "-o", str(out), "--batch-size", "3", "--concurrency", "1"]
     assert run(args, handler) == cli.EXIT_INTERRUPTED
-    assert [r["row"] for r in out_rows(out)] == [0, 1, 2]
+    return [r["row"] for r in out_rows(out)]
+
+
+def test_an_interruption_is_exit_130_and_keeps_what_was_written(tmp_path: Path) -> None:
+    def ctrl_c() -> None:
+        raise KeyboardInterrupt
+
+    assert interrupted_at_second_request(tmp_path, ctrl_c) == [0, 1, 2]
 
 
 def test_a_sigterm_whose_exception_is_swallowed_still_stops_the_run(tmp_path: Path) -> None:
     """The handler's KeyboardInterrupt can land where it is ignored (a finalizer): the next chunk stops."""
-    requests = 0
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        nonlocal requests
-        requests += 1
-        if requests == 2:
-            with contextlib.suppress(KeyboardInterrupt):
-                signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # type: ignore[operator]
-        return fake(request)
+    def swallowed_sigterm() -> None:
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # type: ignore[operator]
 
-    out = tmp_path / "o.jsonl"
-    args = [str(write_corpus(tmp_path, ".jsonl")), "-o", str(out), "--batch-size", "3", "--concurrency", "1"]
-    assert run(args, handler) == cli.EXIT_INTERRUPTED
-    assert [r["row"] for r in out_rows(out)] == [0, 1, 2, 3, 4, 5]
+    assert interrupted_at_second_request(tmp_path, swallowed_sigterm) == [0, 1, 2, 3, 4, 5]
 
 
 def test_the_orchestrator_hands_the_embed_word_to_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
