@@ -61,6 +61,17 @@ def in_turn(
     return results
 
 
+def compiled(folder: Path) -> dict[str, Any]:
+    """ServerProcess settings for compiled engines, the artifact built into `folder` before ready (the
+    test harness's default is compile=off)."""
+    return {"compile": "required", "compile_cache": folder / "compile-cache"}
+
+
+def chosen(**settings: Any) -> dict[str, Any]:
+    """The settings given a value (a flag left unset keeps the server's default)."""
+    return {name: value for name, value in settings.items() if value}
+
+
 def sentences(n: int, seed: int = 0) -> list[str]:
     """Sentences of 4-64 words."""
     rng = random.Random(seed)

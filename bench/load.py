@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench.common import MODEL, Connection, Prober, pct, run, sentences
+from bench.common import MODEL, Connection, Prober, chosen, compiled, pct, run, sentences
 from bench.flops import achieved_gflops, peak_gflops
 from tests.server_process import ServerProcess
 
@@ -217,10 +217,7 @@ def main() -> None:
     levels: list[Level] = []
     single: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        extra = {"engines": args.engines, "dtype": args.dtype}
-        settings = {name: value for name, value in extra.items() if value}
-        if args.compiled:  # the artifact built before ready, into this run's own cache
-            settings.update(compile="required", compile_cache=Path(tmp) / "compile-cache")
+        settings = chosen(engines=args.engines, dtype=args.dtype) | (compiled(Path(tmp)) if args.compiled else {})
         server = ServerProcess(args.model, Path(tmp) / "server.log", log_level="warning", **settings).wait_ready(1200)
         server.wait_engines()
         try:

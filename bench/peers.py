@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 import httpx
 import numpy as np
 
-from bench.common import MODEL, cpu_ticks, pct, process_tree, run, sentences
+from bench.common import MODEL, compiled, cpu_ticks, pct, process_tree, run, sentences
 from bench.load import RawModel, load
 from common.procmem import process_memory
 from tests.server_process import ServerProcess, free_port, wait_for
@@ -79,10 +79,10 @@ def pss_mb(pid: int) -> float:
 @contextlib.contextmanager
 def warmpool(variant: str, model: Path, log: Path) -> Iterator[Served]:
     """`float32` (eager), or `float32+compiled`: its artifact built first, then timed from a warm cache."""
-    dtype, _, compiled = variant.partition("+")
+    dtype, _, mode = variant.partition("+")
     settings: dict[str, object] = {"dtype": dtype}
-    if compiled:
-        settings.update(compile="required", compile_cache=log.parent / "compile-cache")
+    if mode:
+        settings.update(compiled(log.parent))
         ServerProcess(model, log, log_level="warning", **settings).wait_ready(timeout=1200).stop()
     started = time.monotonic()
     server = ServerProcess(model, log, log_level="warning", **settings).wait_ready()

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import MODEL, Connection, pct, run, sentences
+from bench.common import MODEL, Connection, chosen, compiled, pct, run, sentences
 from tests.server_process import ServerProcess
 
 STAGES = ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
@@ -86,9 +86,7 @@ def main() -> None:
     parser.add_argument("--dtype", help="WARMPOOL_DTYPE (default: the server's)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        settings = {name: value for name, value in {"engines": args.engines, "dtype": args.dtype}.items() if value}
-        if args.compiled:
-            settings.update(compile="required", compile_cache=Path(tmp) / "compile-cache")
+        settings = chosen(engines=args.engines, dtype=args.dtype) | (compiled(Path(tmp)) if args.compiled else {})
         server = ServerProcess(MODEL, Path(tmp) / "server.log", log_level="warning", **settings).wait_ready(1200)
         server.wait_engines()
         try:

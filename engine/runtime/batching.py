@@ -204,12 +204,12 @@ def split_packed(
     """split_by_tokens over each priority's run, an interactive run cut before a big request after small
     ones (split_by_request, with `firsts`: a latency matter; bulk runs keep their groups full); bulk runs
     (priority above 0) in `bulk_tokens` groups."""
-    return [
-        group
-        for run in split_by_urgency(batch)
-        for part in (split_by_request(run, firsts or set()) if run[0][1].priority <= 0 else [run])
-        for group in split_by_tokens(part, bulk_tokens if run[0][1].priority > 0 else GROUP_TOKENS)
-    ]
+    groups: list[list[Keyed]] = []
+    for run in split_by_urgency(batch):
+        bulk = run[0][1].priority > 0
+        for part in [run] if bulk else split_by_request(run, firsts or set()):
+            groups += split_by_tokens(part, bulk_tokens if bulk else GROUP_TOKENS)
+    return groups
 
 
 def split_by_length(batch: list[Keyed], call_overhead: float = DEFAULT_CALL_OVERHEAD_TOKENS) -> list[list[Keyed]]:
