@@ -111,15 +111,19 @@ def main() -> None:
         probe = statistics.median(r.probe_p99 for r in results[name])
         p50 = statistics.median(pct(r.latencies, 0.5) for r in results[name])
         p99 = statistics.median(pct(r.latencies, 0.99) for r in results[name])
+        pooled = pct([ms for r in results[name] for ms in r.latencies], 0.99)  # steadier than a round's
         where = ("" if sources[name] == ROOT else f" from {sources[name]}") + "".join(
             f" {k}={v}" for k, v in environs[name].items()
         )
         print(
             f"{name} {cfg or 'defaults'}{where}: {rate:.1f} inputs/s (mean), p50/p99 {p50:.1f}/{p99:.1f} ms, "
-            f"probe p99 {probe:.1f} ms (medians)"
+            f"probe p99 {probe:.1f} ms (medians); "
+            f"p99 of every round's requests {pooled:.1f} ms"
         )
     ratios = [b.inputs_s / a.inputs_s for a, b in zip(results["A"], results["B"], strict=True)]
     print(f"B/A per round: {' '.join(f'{r:.2f}' for r in ratios)}; mean {statistics.mean(ratios):.2f}")
+    tails = [pct(b.latencies, 0.99) / pct(a.latencies, 0.99) for a, b in zip(results["A"], results["B"], strict=True)]
+    print(f"p99 B/A per round: {' '.join(f'{r:.2f}' for r in tails)}; median {statistics.median(tails):.2f}")
     if collector is not None:
         print(f"collector received {collector.exports} exports")
         collector.close()

@@ -29,14 +29,43 @@ async def run_on_engine(
     then: Callable[[Outcome], Any] | None = None,
     deadline: float | None = None,
     tenant: str = "",
+    demoted: bool = False,
 ) -> Outcome:
     """Send inputs to the model's engines and wait; engine loss and timeouts become 503, never a hang.
 
     If `abandon` finishes first (the client left), the engine drops the inputs. `then` runs on
     the executor on the engine's output (EngineClient.submit, told the `tenant`); its result comes back in
     `Outcome.rendered`. One await on the engine's future, with a timer and a callback, instead
-    of wait_for inside asyncio.wait: two tasks and their wake-ups fewer per request.
+    of wait_for inside asyncio.wait: two tasks and their wake-ups fewer per request. A `demoted` request
+    (its tenant presses past its quota) lets the other interactive requests go first (server/core/engine_turns.py).
     """
+    loop = asyncio.get_running_loop()
+    if deadline is None:
+        deadline = loop.time() + svc.settings.request_timeout
+    held = loop.time()
+    if demoted:
+        await model.turns.wait(deadline)
+    held_ms = (loop.time() - held) * 1000
+    with model.turns.counted(bool(tokens) and tokens[0].priority <= 0):
+        outcome = await _answered(svc, model, tokens, abandon, then, deadline, tenant)
+    svc.last_used[model.name] = time.time()  # what keep_alive and the least-recently-used choice read
+    timings.queue_ms = outcome.queue_ms + held_ms
+    timings.inference_ms = outcome.inference_ms
+    svc.metrics.queue_time.labels(model=model.name).observe(timings.queue_ms / 1000)
+    svc.metrics.inference_time.labels(model=model.name).observe(outcome.inference_ms / 1000)
+    return outcome
+
+
+async def _answered(
+    svc: Services,
+    model: ServedModel,
+    tokens: list[Tokens],
+    abandon: asyncio.Future[Any] | None,
+    then: Callable[[Outcome], Any] | None,
+    deadline: float,
+    tenant: str,
+) -> Outcome:
+    """The engines' answer to `tokens`, or the APIError why not, by `deadline`."""
     engine = model.engine
     try:
         future, keys = engine.submit(tokens, then, tenant)
@@ -50,10 +79,7 @@ async def run_on_engine(
             stopped_by = why
             future.cancel()
 
-    loop = asyncio.get_running_loop()
-    timer = loop.call_at(
-        deadline if deadline is not None else loop.time() + svc.settings.request_timeout, stop, "timeout"
-    )
+    timer = asyncio.get_running_loop().call_at(deadline, stop, "timeout")
     if abandon is not None:
         abandon.add_done_callback(lambda _: stop("client_gone"))
     try:
@@ -80,11 +106,6 @@ async def run_on_engine(
         raise APIError(500, f"the engine failed on this batch: {exc}", code="engine_error") from None
     finally:
         timer.cancel()
-    svc.last_used[model.name] = time.time()  # what keep_alive and the least-recently-used choice read
-    timings.queue_ms = outcome.queue_ms
-    timings.inference_ms = outcome.inference_ms
-    svc.metrics.queue_time.labels(model=model.name).observe(outcome.queue_ms / 1000)
-    svc.metrics.inference_time.labels(model=model.name).observe(outcome.inference_ms / 1000)
     return outcome
 
 

@@ -290,7 +290,7 @@ async def run_cached(
         return render(prepared, out, ctx)
 
     def submit(tokens: list[Tokens], then: Callable[[Outcome], Any] | None) -> Awaitable[Outcome]:
-        return run_on_engine(svc, ctx.model, tokens, timings, gone, then, deadline, ctx.tenant)
+        return run_on_engine(svc, ctx.model, tokens, timings, gone, then, deadline, ctx.tenant, ctx.demoted)
 
     if svc.cache is None or prepared.cached is None:
         outcome = await submit(prepared.tokens, None if on_loop else then)

@@ -19,6 +19,7 @@ from server.core.admission import Admission
 from server.core.cached_run import ResultCache
 from server.core.engine_client import EngineClient
 from server.core.engine_events import BatchStats
+from server.core.engine_turns import Turns
 from server.http.errors import APIError
 from server.http.metrics import Metrics
 from server.http.tracing import Tracing
@@ -45,6 +46,7 @@ class ServedModel:
     admission: Admission | None = None  # its own permits, with several models; else the server's
     # its LoRA adapters: a request naming one is served by this model, the adapter applied; None: none ever
     adapters: AdapterSet | None = None
+    turns: Turns = field(default_factory=Turns)  # a demoted tenant's requests wait for the others' here
 
     def serves_adapter(self, name: str) -> bool:
         return self.adapters is not None and name in self.adapters

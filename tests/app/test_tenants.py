@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from server.core import engine_turns
 from server.tenants.buckets import LimitsTable
 from tests.app.inprocess import InProcessServer, serving
 from tests.app.test_errors import assert_openai_error
@@ -223,6 +224,20 @@ def test_a_tenant_pressing_past_its_quota_is_demoted(tenant_server: InProcessSer
     after = demoted()
     assert after.startswith('warmpool_tenant_demoted_total{tenant="limited"}')
     assert float(after.split()[-1]) == (float(before.split()[-1]) if before else 0.0) + 1
+
+
+def test_a_demoted_request_lets_the_others_go_first_and_its_queue_time_says_so(
+    tenant_server: InProcessServer, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its wait for the others (server/core/engine_turns.py) is part of its time queued; the others' is not."""
+    monkeypatch.setattr(engine_turns, "HOLD_MIN_S", 1.0)
+    monkeypatch.setattr(engine_turns, "HOLD_MAX_S", 1.0)
+    first = post(tenant_server, "/v1/embeddings", LIMITED, {"input": "held one"})
+    assert first.status_code == 200 and float(first.headers["x-queue-time"]) < 1000
+    assert post(tenant_server, "/v1/embeddings", LIMITED, {"input": "held two"}).status_code == 429
+    clock.now += 1.0
+    demoted = post(tenant_server, "/v1/embeddings", LIMITED, {"input": "held three"})  # none cached
+    assert demoted.status_code == 200 and float(demoted.headers["x-queue-time"]) >= 1000
 
 
 def test_the_engines_routing_weighs_each_tenants_tokens_by_name(
