@@ -42,10 +42,11 @@ async def run_on_engine(
     loop = asyncio.get_running_loop()
     if deadline is None:
         deadline = loop.time() + svc.settings.request_timeout
-    held = loop.time()
+    held_ms = 0.0
     if demoted:
+        held = loop.time()
         await model.turns.wait(deadline)
-    held_ms = (loop.time() - held) * 1000
+        held_ms = (loop.time() - held) * 1000
     with model.turns.counted(bool(tokens) and tokens[0].priority <= 0):
         outcome = await _answered(svc, model, tokens, abandon, then, deadline, tenant)
     svc.last_used[model.name] = time.time()  # what keep_alive and the least-recently-used choice read
