@@ -2,7 +2,8 @@
 
 The machine drifts by tens of percent within a minute, more than most changes are worth; two
 servers kept up at once and loaded in turn (ABBA...) see the same drift, so the per-round
-ratio B/A is far steadier than two separate runs. Never asserts.
+ratio B/A is far steadier than two separate runs; the p99 of all of a server's rounds' requests, and
+the p99 ratio per round, are steadier than one round's p99 (~1,500 requests at 32 clients). Never asserts.
 To compare code, run B from another source tree, e.g. a worktree of the base commit:
     git worktree add /tmp/base HEAD~1 && .venv/bin/python -m bench.paired --b-source /tmp/base
 Usage: .venv/bin/python -m bench.paired [--b engines=1] [--b-source DIR] [--b-env K=V,...] [--a ""] [--rounds 5]
