@@ -10,10 +10,17 @@ from common.wire import Keyed, Tokens, order
 
 # What one forward call costs beyond its tokens, in tokens; the engine measures it at warm-up.
 DEFAULT_CALL_OVERHEAD_TOKENS = 16.0
-# Tokens per packed forward pass. Bigger groups amortise per-call costs (alone, with no HTTP load,
-# one pass per batch ran ~10% faster), but results streamed back in smaller groups let the HTTP
-# process render while the engine computes. At 32 clients (bench.paired) 384 served 1.05x the
-# padded-cost split below and ~1.05x a 768 budget, with a lower probe p99.
+# Tokens per packed forward pass of interactive inputs. A batch cut into several groups set the tail
+# under closed-loop load: the clients a batch's last group answers send again just after the engine took
+# its next batch, and wait for all of it as well as their own. On 2 cores of an AMD EPYC Zen 4 at 32
+# clients (bench.paired, compiled, 12 rounds against 384-token groups), 1536: p99 0.89x (the round
+# median; all rounds' requests 228.0 against 318.1 ms), 1.06x the inputs/s; 768: p99 0.91-0.97x in
+# four runs, 0.99-1.03x the inputs/s. Streaming results back group by group once let the HTTP process
+# render while the engine computed (one group per batch measured probe p99 16-18 ms against 5-11 ms
+# split); with rendering on the executor the probe's p99 was 6.3 against 6.7 ms.
+INTERACTIVE_GROUP_TOKENS = 1536
+# Tokens per packed forward pass of interactive inputs queued behind the others' (a tenant over its
+# share, common.wire.Tokens.behind): the others, arriving while one runs, wait for it.
 GROUP_TOKENS = 384
 # Bulk work's groups (priority above 0) while urgent work is about (an input at priority 0 or
 # lower within URGENT_WINDOW_S): an urgent input waits for the group running when it arrives, and
@@ -203,12 +210,15 @@ def split_packed(
 ) -> list[list[Keyed]]:
     """split_by_tokens over each priority's run, an interactive run cut before a big request after small
     ones (split_by_request, with `firsts`: a latency matter; bulk runs keep their groups full); bulk runs
-    (priority above 0) in `bulk_tokens` groups."""
+    (priority above 0) in `bulk_tokens` groups, interactive ones in INTERACTIVE_GROUP_TOKENS (GROUP_TOKENS
+    for those behind)."""
     groups: list[list[Keyed]] = []
     for run in split_by_urgency(batch):
-        bulk = run[0][1].priority > 0
+        first = run[0][1]
+        bulk = first.priority > 0
+        budget = bulk_tokens if bulk else GROUP_TOKENS if first.behind else INTERACTIVE_GROUP_TOKENS
         for part in [run] if bulk else split_by_request(run, firsts or set()):
-            groups += split_by_tokens(part, bulk_tokens if bulk else GROUP_TOKENS)
+            groups += split_by_tokens(part, budget)
     return groups
 
 

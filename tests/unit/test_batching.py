@@ -15,6 +15,7 @@ from engine.runtime.batching import (
     BULK_GROUP_TOKENS,
     CUT_BEFORE_TOKENS,
     GROUP_TOKENS,
+    INTERACTIVE_GROUP_TOKENS,
     Pending,
     split_by_length,
     split_by_tokens,
@@ -365,3 +366,21 @@ def test_inputs_behind_queue_after_the_others_of_their_priority_and_run_apart() 
     batch = pending.take(max_tokens=1000, max_size=100)
     assert keys(batch) == [3, 0, 1, 2]
     assert [keys(g) for g in split_packed(batch)] == [[3], [0, 1], [2]]
+
+
+def test_interactive_inputs_run_in_one_group_up_to_its_budget_and_those_behind_in_small_ones() -> None:
+    """32 clients' sentences waiting at one engine (~640 tokens) run as one forward; a tenant's over its
+    share in GROUP_TOKENS groups, so the others wait for a small one at most."""
+    batch = [item(key, 40) for key in range(16)]
+    assert split_packed(batch) == [batch]
+    queued_behind = [behind(key, 40) for key in range(16)]
+    groups = split_packed(queued_behind)
+    assert len(groups) > 1 and all(sum(len(t.input_ids) for _, t in g) <= GROUP_TOKENS for g in groups)
+    assert [i for group in groups for i in group] == queued_behind
+
+
+def test_interactive_groups_stay_within_their_budget() -> None:
+    batch = [item(key, 40) for key in range(100)]
+    groups = split_packed(batch)
+    assert len(groups) == math.ceil(4000 / INTERACTIVE_GROUP_TOKENS)
+    assert all(sum(len(t.input_ids) for _, t in g) <= INTERACTIVE_GROUP_TOKENS for g in groups)
