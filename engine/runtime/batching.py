@@ -13,8 +13,8 @@ DEFAULT_CALL_OVERHEAD_TOKENS = 16.0
 # Tokens per packed forward pass of interactive inputs. A batch cut into several groups set the tail
 # under closed-loop load: the clients a batch's last group answers send again just after the engine took
 # its next batch, and wait for all of it as well as their own. On 2 cores of an AMD EPYC Zen 4 at 32
-# clients (bench.paired, compiled, 12 rounds against 384-token groups), 1536: p99 0.89x (the round
-# median; all rounds' requests 228.0 against 318.1 ms), 1.06x the inputs/s; 768: p99 0.91-0.97x in
+# clients (bench.paired, compiled, 12 rounds against 384-token groups), 1536: p99 of all rounds'
+# requests 239.3 against 256.9 ms (round median 0.93x), 1.00x the inputs/s; 768: p99 0.91-0.97x in
 # four runs, 0.99-1.03x the inputs/s. Streaming results back group by group once let the HTTP process
 # render while the engine computed (one group per batch measured probe p99 16-18 ms against 5-11 ms
 # split); with rendering on the executor the probe's p99 was 6.3 against 6.7 ms.

@@ -7,8 +7,8 @@ when the demoted one came first, an engine was already running it as the others 
 waited for it. So its request waits here first: HOLD_MIN_S for those arriving in the same moment
 to be submitted, then while any other interactive request (priority 0 or lower) is at the engines,
 HOLD_MAX_S at most (never starved: its quota still admits it). A Batch API job's lines are bulk
-work without being demoted: they never wait here (kept waiting, a job beside interactive clients
-ran at 70 % of its rate).
+work without being demoted: they never wait here (bulk groups kept waiting while another engine ran
+interactive work ran at 70 % of their rate).
 """
 
 from __future__ import annotations
