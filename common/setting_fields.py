@@ -340,7 +340,7 @@ class SettingFields(ServiceFields):
         description="Seconds an engine with work outstanding may answer nothing before it is killed and replaced.",
         json_schema_extra={
             "default_text": (
-                "from warm-up: 8 x the time of the largest forward answered in one go (a 384-token group, "
+                "from warm-up: 8 x the time of the largest forward answered in one go (a 1,536-token group, "
                 "or the longest input, on a native model; a full batch on the transformers fallback), at "
                 "least 10 s, at most half of `WARMPOOL_REQUEST_TIMEOUT`"
             )

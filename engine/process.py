@@ -23,7 +23,14 @@ from common.wire import EngineSpec, Keyed, Msg, order, send
 from engine.compiling.compilation import Compilation, begin
 from engine.heads import answer
 from engine.layers.checkpoint import refuse_pickles
-from engine.runtime.batching import BULK_ALONE_GROUP_TOKENS, Pending, split_by_length, split_by_urgency, split_packed
+from engine.runtime.batching import (
+    BULK_ALONE_GROUP_TOKENS,
+    INTERACTIVE_GROUP_TOKENS,
+    Pending,
+    split_by_length,
+    split_by_urgency,
+    split_packed,
+)
 from engine.runtime.device import memory_detail, place
 from engine.runtime.heap import HeapTrim
 from engine.runtime.inbox import Inbox
@@ -87,8 +94,12 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
         warmup_s = time.monotonic() - loaded
         compilation, compile_detail = _compile(conn, model, spec)
         share.idle()
-        # the most tokens one answer can wait on (a bulk group alone, or one input): the stall watchdog's yardstick
-        group_tokens = max(BULK_ALONE_GROUP_TOKENS, info.max_model_len) if model.packed else spec.max_batch_tokens
+        # the most tokens one answer can wait on (the largest group, or one input): the stall watchdog's yardstick
+        group_tokens = (
+            max(BULK_ALONE_GROUP_TOKENS, INTERACTIVE_GROUP_TOKENS, info.max_model_len)
+            if model.packed
+            else spec.max_batch_tokens
+        )
         send(
             conn,
             (

@@ -27,7 +27,7 @@ from server.tokenizing.tokenizer import TokenizerPool, runs
 Precision = Literal["auto", "float32", "bfloat16", "float16", "int8"]
 CompileMode = Literal["auto", "off", "required"]
 
-# Tokens per forward pass. The server streams 384-token groups back while it computes; a corpus has
+# Tokens per forward pass. The server streams groups of up to 1,536 tokens back while it computes; a corpus has
 # no one waiting on a group, and bigger ones amortise each call's costs (engine/runtime/batching.py).
 BATCH_TOKENS = 2048
 # Characters kept of a text before it is tokenized, per token the model takes (the server's
