@@ -4,8 +4,9 @@ Each server in turn, alone on the machine: start it and time it to ready, then f
 same batch-1 `/v1/embeddings` load with a health probe alongside (bench.load.load), with
 sentence-transformers `encode` (batch 32) measured right before as the baseline, the cores each of the
 server's processes took meanwhile (the one started first, then the others), and their PSS after the
-load. Prints one line per server and level, ratios against the raw model and against the first server;
-never asserts.
+load. A level `N@MS` is N clients each pausing MS ms after each answer: a light user, whose requests
+find the server idle. Prints one line per server and level, ratios against the raw model and against the
+first server; never asserts.
 
 A peer is `NAME=COMMAND`: COMMAND starts its server in the foreground on the model folder
 (`--model-dir`, default the repository's all-MiniLM-L6-v2), with `{model}`, `{name}` and `{port}`
