@@ -3,7 +3,9 @@
 Pickling and pipe writes happen on each engine's sender thread and result bookkeeping on its
 reader thread (server.core.engine_pipe), so the event loop only registers futures and receives
 finished requests. Each input goes to the engine with the fewest tokens outstanding (of those
-server.core.engine_routing lets it take); a dead engine's inputs move to the others, once per request.
+server.core.engine_routing lets it take; of equal ones, the one with fewer interactive tokens: an engine
+runs those first, so an interactive input there waits for the group running, not for another one's whole
+forward); a dead engine's inputs move to the others, once per request.
 An engine with work outstanding that answers nothing for a quarter of the stall timeout is taken for
 stalled: it gets no new work while another engine answers, and what it holds moves to those; past
 the whole stall timeout it is reported, so the supervisor can kill and replace it.
@@ -154,9 +156,9 @@ class EngineClient:
             self._settle(req, EngineUnavailable(reason))
 
     def _dispatch(self, entries: list[InFlightInput]) -> None:
-        """Each input to the engine of _targets with the fewest tokens outstanding, of those its priority
-        and tenant may take (EngineRouting) that have not refused its adapter where any has not (caller
-        holds the lock)."""
+        """Each input to the engine of _targets with the fewest tokens outstanding (then interactive ones),
+        of those its priority and tenant may take (EngineRouting) that have not refused its adapter where
+        any has not (caller holds the lock)."""
         if not self._slots or not entries:
             return
         slots = self._targets()
@@ -167,8 +169,8 @@ class EngineClient:
             off = kept_off(entry.request.tenant)
             allowed = self.routing.targets(slots, tokens.priority, off, self._load)
             able = self.adapters.able(allowed, tokens.adapter) or self.adapters.able(slots, tokens.adapter)
-            entry.slot = slot = min(able or slots, key=self._load)
-            self._slots[slot].add(entry.tokens)
+            entry.slot = slot = min(able or slots, key=lambda s: (self._load(s), self._slots[s].interactive))
+            self._slots[slot].add(entry.tokens, entry.interactive)
             if off and tokens.priority <= 0:  # queued behind the other tenants' inputs there
                 tokens = tokens._replace(behind=True)
             batches.setdefault(slot, []).append((key, tokens))
@@ -249,7 +251,7 @@ class EngineClient:
             return
         for slot in {e.slot for e in moved}:
             held = [e for e in moved if e.slot == slot]
-            self._slots[slot].cancel(sum(e.tokens for e in held))  # type: ignore[index]
+            self._slots[slot].cancel(sum(e.tokens for e in held), sum(e.interactive for e in held))  # type: ignore[index]
             self._slots[slot].send((Msg.CANCEL, [e.request.items[e.index][0] for e in held]))  # type: ignore[index]
         for entry in moved:
             entry.slot = None
@@ -331,9 +333,9 @@ class EngineClient:
             if entry is None or entry.slot not in self._slots:
                 continue
             if entry.slot == slot:
-                self._slots[slot].answered(entry.tokens)
+                self._slots[slot].answered(entry.tokens, entry.interactive)
             else:
-                self._slots[entry.slot].cancel(entry.tokens)
+                self._slots[entry.slot].cancel(entry.tokens, entry.interactive)
                 by_slot.setdefault(entry.slot, []).append(key)
         for other, dropped in by_slot.items():
             self._slots[other].send((Msg.CANCEL, dropped))
@@ -349,7 +351,7 @@ class EngineClient:
         for key in keys:
             entry = self._entries.pop(key, None)
             if entry is not None and entry.slot in self._slots:
-                self._slots[entry.slot].cancel(entry.tokens)
+                self._slots[entry.slot].cancel(entry.tokens, entry.interactive)
                 by_slot.setdefault(entry.slot, []).append(key)
         for slot, dropped in by_slot.items():
             self._slots[slot].send((Msg.CANCEL, dropped))

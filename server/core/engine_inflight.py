@@ -39,3 +39,9 @@ class InFlightInput:
     @property
     def tokens(self) -> int:
         return len(self.request.items[self.index][1].input_ids)
+
+    @property
+    def interactive(self) -> int:
+        """Its tokens if it is at priority 0 or lower, else 0."""
+        tokens = self.request.items[self.index][1]
+        return len(tokens.input_ids) if tokens.priority <= 0 else 0

@@ -30,6 +30,7 @@ class EnginePipe:
         self.slot = slot
         self.conn = conn
         self.load = 0  # tokens sent and not yet answered, cancelled ones included until it next answers
+        self.interactive = 0  # of which inputs at priority 0 or lower, not answered nor cancelled
         self.cancelled = 0  # of which tokens were cancelled: the engine may be running them still
         self.last_progress = time.monotonic()
         self._on_message = on_message
@@ -47,18 +48,23 @@ class EnginePipe:
         """The sender thread ends once what is queued has been sent."""
         self._outbox.put(None)
 
-    def add(self, tokens: int) -> None:
+    def add(self, tokens: int, interactive: int = 0) -> None:
+        """`tokens` sent, `interactive` of them at priority 0 or lower."""
         if self.load == 0:  # idle until now: the stall clock starts with this work
             self.last_progress = time.monotonic()
         self.load += tokens
+        self.interactive += interactive
 
-    def answered(self, tokens: int) -> None:
+    def answered(self, tokens: int, interactive: int = 0) -> None:
         self.load -= tokens
+        self.interactive -= interactive
 
-    def cancel(self, tokens: int) -> None:
+    def cancel(self, tokens: int, interactive: int = 0) -> None:
         """Cancelled tokens keep counting as load until the engine next answers, so least-load
-        routing does not pick an engine that is still busy with (or stuck on) them."""
+        routing does not pick an engine that is still busy with (or stuck on) them; as interactive
+        tokens they stop at once (those only break ties between equal loads)."""
         self.cancelled += tokens
+        self.interactive -= interactive
 
     def progressed(self) -> None:
         """The engine sent something: a result, an error, or CANCELLED once it has dropped the inputs

@@ -232,3 +232,35 @@ def test_bulk_inputs_keep_off_one_engine_while_interactive_inputs_are_about() ->
         assert later in a.keys  # the least loaded again
 
     run(scenario)
+
+
+def test_of_two_equal_loads_an_interactive_input_goes_where_the_load_is_bulk() -> None:
+    """Engine 0 holds an interactive input, engine 1 a bulk one of the same size: the next interactive input
+    goes to engine 1, which runs it before its bulk work, instead of waiting at engine 0 for the other's
+    whole forward."""
+
+    async def scenario(rig: Rig) -> None:
+        a, b = rig.attach(0), rig.attach(1)
+        _, (first,) = rig.client.submit([tok(1, 4)])
+        await until(lambda: first in a.keys, "the first interactive input at engine 0")
+        _, (bulk_key,) = rig.client.submit([bulk(2, 4)])
+        await until(lambda: bulk_key in b.keys, "the bulk input at engine 1")
+        _, (second,) = rig.client.submit([tok(3, 4)])
+        await until(lambda: second in a.keys + b.keys, "the second interactive input at an engine")
+        assert second in b.keys
+
+    run(scenario)
+
+
+def test_interactive_tokens_stop_counting_once_answered_or_cancelled() -> None:
+    async def scenario(rig: Rig) -> None:
+        a, b = rig.attach(0), rig.attach(1)
+        answered, (kept,) = rig.client.submit([tok(1, 4)])
+        _, (dropped,) = rig.client.submit([tok(2, 5)])
+        await until(lambda: len(a.keys) + len(b.keys) == 2, "both inputs at the engines")
+        (a if kept in a.keys else b).answer([kept])
+        await result(answered)
+        rig.client.cancel([dropped])
+        assert [pipe.interactive for pipe in rig.client._slots.values()] == [0, 0]
+
+    run(scenario)
