@@ -48,18 +48,18 @@ class EnginePipe:
         """The sender thread ends once what is queued has been sent."""
         self._outbox.put(None)
 
-    def add(self, tokens: int, interactive: int = 0) -> None:
+    def add(self, tokens: int, interactive: int) -> None:
         """`tokens` sent, `interactive` of them at priority 0 or lower."""
         if self.load == 0:  # idle until now: the stall clock starts with this work
             self.last_progress = time.monotonic()
         self.load += tokens
         self.interactive += interactive
 
-    def answered(self, tokens: int, interactive: int = 0) -> None:
+    def answered(self, tokens: int, interactive: int) -> None:
         self.load -= tokens
         self.interactive -= interactive
 
-    def cancel(self, tokens: int, interactive: int = 0) -> None:
+    def cancel(self, tokens: int, interactive: int) -> None:
         """Cancelled tokens keep counting as load until the engine next answers, so least-load
         routing does not pick an engine that is still busy with (or stuck on) them; as interactive
         tokens they stop at once (those only break ties between equal loads)."""
