@@ -45,11 +45,11 @@ def test_a_quota_caps_the_affinity_rounded_down_and_never_below_one(tmp_path: Pa
 def test_engine_threads_default_to_the_usable_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """WARMPOOL_ENGINE_THREADS unset: the usable CPUs, not the host's count; the engines' default
     count follows them too."""
-    from common import setting_fields, settings
+    from common import engine_fields, settings
 
     monkeypatch.delenv("WARMPOOL_ENGINE_THREADS", raising=False)
     monkeypatch.delenv("WARMPOOL_ENGINES", raising=False)
-    monkeypatch.setattr(setting_fields, "usable_cpus", lambda: 1)  # the fields' defaults
+    monkeypatch.setattr(engine_fields, "usable_cpus", lambda: 1)  # the fields' defaults
     monkeypatch.setattr(settings, "usable_cpus", lambda: 1)  # what is derived from them
     config = settings.Settings(device="cpu")
     assert config.engine_threads == 1 and config.engine_count == 1
