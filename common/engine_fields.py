@@ -63,6 +63,17 @@ class EngineFields(ServiceFields):
     engine_nice: int = Field(
         5, ge=0, le=19, description="Niceness of the engine process, so the HTTP process gets a core at once."
     )
+    engine_keep_warm: float = Field(
+        0.2,
+        ge=0,
+        le=10,
+        description=(
+            "Seconds an engine that last ran on every core keeps its threads awake after a forward while no other "
+            "engine works, so that a request after a short pause finds them ready: one core busy meanwhile; "
+            "0: its threads sleep once OpenMP's own spin ends "
+            "([Kubernetes](../operations/kubernetes.md#threads-kept-awake-between-requests))."
+        ),
+    )
     executor_threads: int = Field(4, ge=1, description="Threads for parsing, tokenizing and response building.")
     start_method: Literal["forkserver", "spawn"] = Field(
         "forkserver", description="How engines start; `spawn` is the fallback."

@@ -110,6 +110,7 @@ class EngineSpec:
     device: str = "cpu"  # cpu or cuda:N: CUDA is initialised in the engine, after the fork
     dtype: str = "auto"
     allow_bin_weights: bool = False  # unpickle pytorch_model.bin (weights_only) where there is no safetensors
+    keep_warm_s: float = 0.0  # after a forward on every core, its threads kept awake this long while idle
     quiet_wait_s: float = 0.0  # before warming up, wait up to this long for the other engines to be idle
     compile: str = "off"  # auto, off or required (common.settings.Settings.compile)
     compile_cache: Path | None = None

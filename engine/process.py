@@ -61,7 +61,7 @@ def run_engine(conn: Connection, spec: EngineSpec, busy: MutableSequence[float])
         adapters = () if spec.adapters_refusable else spec.adapters
         model = PoolingModel(info, spec.threads, placement, adapters, spec.compile_cache)
         refused = model.sync_adapters(spec.adapters)["refused"] if spec.adapters_refusable and spec.adapters else {}
-        share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads)
+        share = ThreadShare(busy, spec.slot, spec.threads, spec.solo_threads, spec.keep_warm_s)
         loaded = time.monotonic()
         send(
             conn,
@@ -159,6 +159,7 @@ def serve_batches(
                     heap.idle()
                 while compilation is not None and compilation.pending and not inbox.poll(COMPILE_POLL_S):
                     _switch_if_built(conn, compilation)
+                share.idle_warm(inbox.poll)
                 if not _handle(conn, inbox.recv(), pending, model):
                     return
             while inbox.poll(0):

@@ -50,6 +50,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "engines",
         "engine_threads",
         "engine_nice",
+        "engine_keep_warm",
         "engine_stall_timeout",
         "compile",
         "compile_cache",

@@ -119,6 +119,7 @@ class EngineSupervisor:
             device=engine_device(self.settings.resolved_device, slot, self.settings.gpus),
             dtype=self.settings.dtype,
             allow_bin_weights=self.settings.allow_bin_weights == "on",
+            keep_warm_s=self.settings.engine_keep_warm,
             quiet_wait_s=FOLLOWER_QUIET_S if follower and cpu else 0.0,
             compile=self.settings.compile,
             compile_cache=self.settings.compile_cache,

@@ -6,13 +6,21 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
 from engine.runtime import threads as threads_module
-from engine.runtime.threads import BUSY, COLD_AFTER_S, SOLO_AFTER_S, SOLO_BACKOFF_S, RunQueueDelay, ThreadShare
+from engine.runtime.threads import (
+    BUSY,
+    COLD_AFTER_S,
+    KEEP_WARM_EVERY_S,
+    SOLO_AFTER_S,
+    SOLO_BACKOFF_S,
+    RunQueueDelay,
+    ThreadShare,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -253,3 +261,102 @@ def test_only_cpu_engines_that_follow_the_first_wait_for_idle(model_dir, monkeyp
     assert cpu.spec(1, follower=True).quiet_wait_s == FOLLOWER_QUIET_S > 0
     assert cpu.spec(0).quiet_wait_s == cpu.spec(1).quiet_wait_s == 0
     assert supervisor("cuda:0").spec(1, follower=True).quiet_wait_s == 0
+
+
+def _kept_warm(keep_warm_s: float, monkeypatch: pytest.MonkeyPatch, busy: list[float] | None = None) -> ThreadShare:
+    """An engine idle right after a forward on every core, as serve_batches leaves it before idle_warm."""
+    share = ThreadShare(busy if busy is not None else [0.0, 0.0], slot=0, shared=1, solo=2, keep_warm_s=keep_warm_s)
+    _forward(share, monkeypatch, wall=0.01, cpu=0.02, waited=0.0)
+    share.idle()
+    return share
+
+
+def _polls(answers: Callable[[int], bool]) -> tuple[list[float], Callable[[float], bool]]:
+    """A stand-in for the inbox's poll: the timeouts it was called with, and its answer to the n-th call
+    (a loop polling past MAX_POLLS fails instead of hanging)."""
+    calls: list[float] = []
+
+    def poll(timeout: float) -> bool:
+        calls.append(timeout)
+        assert len(calls) < MAX_POLLS, "idle_warm never stopped"
+        return answers(len(calls))
+
+    return calls, poll
+
+
+MAX_POLLS = 10_000
+
+
+def test_a_team_that_just_ran_on_every_core_is_kept_awake_until_work_comes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle after a forward on every core: one region every KEEP_WARM_EVERY_S, each marking the team used
+    and the slot just idle, until the inbox has work."""
+    busy = [0.0, 0.0]
+    share = _kept_warm(60.0, monkeypatch, busy)
+    before = time.monotonic()
+    calls, poll = _polls(lambda n: n == 3)
+    share.idle_warm(poll)
+    assert calls == [KEEP_WARM_EVERY_S] * 3
+    assert share.team_at is not None and share.team_at >= before and busy[0] >= before
+
+
+def test_the_team_is_let_sleep_once_the_keep_warm_time_has_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    share = _kept_warm(0.05, monkeypatch)
+    calls, poll = _polls(lambda n: False)
+    share.idle_warm(poll)
+    assert calls and time.monotonic() - share.forward_at >= 0.05
+
+
+def test_another_engine_at_work_ends_the_keep_warm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A neighbour that starts a forward gets the cores: the regions stop at the next look."""
+    busy = [0.0, 0.0]
+    share = _kept_warm(60.0, monkeypatch, busy)
+
+    def neighbour_starts(n: int) -> bool:
+        busy[1] = BUSY
+        return False
+
+    calls, poll = _polls(neighbour_starts)
+    share.idle_warm(poll)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("case", ["keep_warm off", "last forward on the share", "one thread"])
+def test_a_team_not_to_keep_warm_is_not_polled_for(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With keep-warm off, after a forward beside a busy neighbour (one thread), or with one solo thread,
+    idle_warm returns at once: the engine waits on its pipe as before."""
+    if case == "keep_warm off":
+        share = _kept_warm(0.0, monkeypatch)
+    else:
+        solo = 1 if case == "one thread" else 2
+        share = ThreadShare([0.0, BUSY], slot=0, shared=1, solo=solo, keep_warm_s=60.0)
+        _forward(share, monkeypatch, wall=0.01, cpu=0.01, waited=0.0)
+        share.idle()
+    calls, poll = _polls(lambda n: True)
+    share.idle_warm(poll)
+    assert calls == []
+
+
+def test_a_team_kept_awake_is_not_cold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cold forwards backed off to the share: a forward after a pause spent keeping the team awake takes
+    every core all the same."""
+    share = _kept_warm(60.0, monkeypatch)
+    share.cold_from = time.monotonic() + 60.0  # cold forwards keep to the share for a minute
+    share.team_at = time.monotonic() - 1.0  # as if the pause had begun long ago
+    calls, poll = _polls(lambda n: n == 2)
+    share.idle_warm(poll)
+    share.working()
+    assert len(calls) == 2 and torch.get_num_threads() == 2
+
+
+def test_engines_keep_their_teams_awake_as_the_setting_says(model_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """WARMPOOL_ENGINE_KEEP_WARM reaches every engine's spec; 0.2 s unless set."""
+    import multiprocessing
+
+    from common.settings import Settings
+    from orchestrator.forkserver import StartMethod
+    from orchestrator.supervisor import EngineSupervisor
+
+    method = StartMethod(multiprocessing.get_context("fork"))
+    for given, expected in (({}, 0.2), ({"engine_keep_warm": 0.0}, 0.0)):
+        settings = Settings(model=str(model_dir), engines=2, **given)
+        assert EngineSupervisor(settings, None, method, None).spec(1).keep_warm_s == expected  # type: ignore[arg-type]
