@@ -102,12 +102,11 @@ class EngineWiring:
         assert self.client is not None
         if warmup.get("compile"):
             self.engine_compile(slot, warmup["compile"])
-        if self.client.stall_timeout_s is None:  # the first engine's warm-up sizes the watchdog
-            timeout = self.services.settings.stall_timeout(
-                float(warmup.get("ms_per_token", 0.0)), warmup.get("group_tokens")
-            )
-            self.client.group_s = float(warmup.get("ms_per_token", 0.0)) * int(warmup.get("group_tokens") or 0) / 1000
-            self.client.stall_timeout_s = timeout
+        if self.client.stalls.timeout_s is None:  # the first engine's warm-up sizes the watchdog
+            ms_per_token = float(warmup.get("ms_per_token", 0.0))
+            timeout = self.services.settings.stall_timeout(ms_per_token, warmup.get("group_tokens"))
+            self.client.stalls.group_s = ms_per_token * int(warmup.get("group_tokens") or 0) / 1000
+            self.client.stalls.timeout_s = timeout
             self.phases.update("engine", stall_timeout_s=round(timeout, 1), stalled=[])
         self.client.attach(slot, conn, (warmup.get("compile") or {}).get("mode", EAGER))
 

@@ -6,9 +6,9 @@ finished requests. Each input goes to the engine with the fewest tokens outstand
 server.core.engine_routing lets it take; of equal ones, the one with fewer interactive tokens: an engine
 runs those first, so an interactive input there waits for the group running, not for another one's whole
 forward); a dead engine's inputs move to the others, once per request.
-An engine with work outstanding that answers nothing for a quarter of the stall timeout is taken for
-stalled: it gets no new work while another engine answers, and what it holds moves to those; past
-the whole stall timeout it is reported, so the supervisor can kill and replace it.
+An engine with work outstanding that answers nothing for a while is taken for stalled
+(server.core.engine_stalls): it gets no new work while another engine answers, and what it holds moves
+to those; past the whole stall timeout it is reported, so the supervisor can kill and replace it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from server.core.engine_inflight import InFlight, InFlightInput
 from server.core.engine_modes import EAGER, EngineModes
 from server.core.engine_pipe import EnginePipe
 from server.core.engine_routing import EngineRouting
+from server.core.engine_stalls import EngineStalls
 from server.core.outcome import Outcome
 
 
@@ -45,11 +46,6 @@ class EngineFailed(Exception):
 
 
 log = structlog.get_logger("warmpool.engine_client")
-
-# Of the stall timeout, how long an engine with work may answer nothing before it is taken for
-# stalled: routed around and its inputs moved, well before it is killed. A healthy engine answers
-# each group of a batch in a fraction of a second; the stall timeout is 8 such groups or more.
-STALLED_SHARE = 0.25
 
 
 class EngineClient:
@@ -71,14 +67,11 @@ class EngineClient:
         self._slots: dict[int, EnginePipe] = {}
         self._stopped = False
         self.modes = EngineModes()  # which forward each engine runs: the result cache keys by it
-        self._reported: set[EnginePipe] = set()  # stalls already reported, once per pipe
-        self._stalled: set[int] = set()  # slots routed around: no answer for STALLED_SHARE of the timeout
         self.routing = EngineRouting()  # an engine kept for interactive work while there is some
         # The engines' busy slots (common.wire.BUSY), where the supervisor shares them: marked before the
         # work is sent, so an engine sizing its threads sees every engine one dispatch gives work to.
         self.busy: MutableSequence[float] | None = None
-        self.stall_timeout_s = stall_timeout_s  # None until known: no watchdog before then
-        self.group_s = 0.0  # one group's forward as warm-up measured: none is taken for stalled sooner than two
+        self.stalls = EngineStalls(stall_timeout_s)  # the watchdog's judgement (its timeout None until known)
         self._watchdog = threading.Event()
         threading.Thread(target=self._watch, name="engine-watchdog", daemon=True).start()
 
@@ -187,7 +180,7 @@ class EngineClient:
 
     def _targets(self) -> list[int]:
         """The engines _dispatch sends to: those not stalled while there are any (caller holds the lock)."""
-        return [s for s in self._slots if s not in self._stalled] or list(self._slots)
+        return [s for s in self._slots if s not in self.stalls.slots] or list(self._slots)
 
     @staticmethod
     def _requests_of(entries: Iterable[InFlightInput]) -> list[InFlight]:
@@ -216,27 +209,19 @@ class EngineClient:
             log.exception("engine_message_failed", slot=pipe.slot, kind=kind)
 
     def _watch(self) -> None:
-        """Route around each engine with work outstanding and no answer for STALLED_SHARE of the
-        stall timeout, and report each one past the whole of it."""
+        """Route around the engines engine_stalls takes for stalled, moving what they hold, and report
+        each one past the whole stall timeout."""
         while not self._watchdog.wait(0.1):
-            timeout = self.stall_timeout_s
-            if timeout is None:
-                continue
-            now = time.monotonic()
             with self._lock:
-                waited = {p: p.stalled_for(now) for p in self._slots.values()}
-                was = self._stalled
-                after = min(max(STALLED_SHARE * timeout, 2 * self.group_s), timeout)
-                self._stalled = {p.slot for p, s in waited.items() if s > after}
-                changed = was != self._stalled
+                report = self.stalls.judge(list(self._slots.values()), time.monotonic())
+                if report is None:
+                    continue
                 self._move_off()
-                stalled = [(p, s) for p, s in waited.items() if s > timeout and p not in self._reported]
-                self._reported.update(p for p, _ in stalled)
-                every = bool(self._stalled) and self._stalled == set(self._slots)
-            if changed:
-                log.warning("engines_stalled", slots=sorted(self._stalled), every=every)
-                self._events.engines_stalled(sorted(self._stalled), every)
-            for pipe, seconds in stalled:
+                stalled = sorted(self.stalls.slots)
+            if report.changed:
+                log.warning("engines_stalled", slots=stalled, every=report.every)
+                self._events.engines_stalled(stalled, report.every)
+            for pipe, seconds in report.past_timeout:
                 log.error("engine_stalled", slot=pipe.slot, seconds=round(seconds, 1), load=pipe.load)
                 self._events.engine_stalled(pipe.slot, seconds)
 
@@ -244,9 +229,9 @@ class EngineClient:
         """What stalled engines hold goes to the engines still answering, if there are any; the
         stalled ones are told to drop it; what one still answers (it was running it) the engine it moved
         to is told to drop in turn (`_answered`)."""
-        if not self._stalled or not set(self._slots) - self._stalled:
+        if not self.stalls.slots or not set(self._slots) - self.stalls.slots:
             return
-        moved = [e for e in self._entries.values() if e.slot in self._stalled]
+        moved = [e for e in self._entries.values() if e.slot in self.stalls.slots]
         if not moved:
             return
         for slot in {e.slot for e in moved}:
@@ -255,7 +240,7 @@ class EngineClient:
             self._slots[slot].send((Msg.CANCEL, [e.request.items[e.index][0] for e in held]))  # type: ignore[index]
         for entry in moved:
             entry.slot = None
-        log.warning("inputs_moved_off_stalled", slots=sorted(self._stalled), inputs=len(moved))
+        log.warning("inputs_moved_off_stalled", slots=sorted(self.stalls.slots), inputs=len(moved))
         self._dispatch(moved)
 
     def _on_result(self, keys: list[int], vectors: np.ndarray, stats: dict[str, Any], slot: int) -> None:
@@ -360,7 +345,7 @@ class EngineClient:
         """A dead engine's inputs move to the live ones, once per request; a second loss is a 503."""
         slot = pipe.slot
         with self._lock:
-            self._reported.discard(pipe)
+            self.stalls.forget(pipe)
             if self._slots.get(slot) is not pipe:
                 return  # stopped on purpose, or already replaced
             del self._slots[slot]

@@ -92,7 +92,7 @@ def test_an_adapter_held_only_by_a_stalled_engine_fails_its_request() -> None:
 
     async def scenario(rig: Rig) -> None:
         a, b = rig.attach(0), rig.attach(1)
-        rig.client._stalled = {1}  # as the watchdog marks an engine that answers nothing
+        rig.client.stalls.slots = {1}  # as the watchdog marks an engine that answers nothing
         future, keys = rig.client.submit([tok(2, 3)._replace(adapter="b")])
         await until(lambda: a.keys == keys, "the input at the answering engine")
         a.no_adapter(keys, "b")

@@ -238,7 +238,7 @@ def test_an_engine_with_work_and_no_answer_is_reported_stalled() -> None:
     idle engine is not."""
 
     async def scenario(rig: Rig) -> None:
-        rig.client.stall_timeout_s = 0.3
+        rig.client.stalls.timeout_s = 0.3
         rig.attach_hung(0)
         # it answers what is moved off the hung one: an engine that never answered would be reported
         # in its turn, a tenth of a second later, and a slow loop could see both reports at once
@@ -272,7 +272,7 @@ def test_an_engines_cancel_acknowledgement_frees_its_load() -> None:
     (and an idle engine that only dropped inputs is never taken for a stalled one)."""
 
     async def scenario(rig: Rig) -> None:
-        rig.client.stall_timeout_s = 0.3
+        rig.client.stalls.timeout_s = 0.3
         a, b = rig.attach(0), rig.attach(1)
         _, keys = rig.client.submit([tok(1, 50)])
         await until(lambda: a.keys, "the input at the first engine")
@@ -294,7 +294,7 @@ def test_a_stalled_engine_gets_no_new_work_and_its_inputs_move_to_one_that_answe
     more load, and what the stalled one holds moves there (cancelled on the stalled one)."""
 
     async def scenario(rig: Rig) -> None:
-        rig.client.stall_timeout_s = 2.0  # taken for stalled after 0.5 s, reported after 2 s
+        rig.client.stalls.timeout_s = 2.0  # taken for stalled after 0.5 s, reported after 2 s
         b = rig.attach(1)
         rig.client.submit([tok(i, 50) for i in range(20)])  # 1,000 tokens at the answering engine
 
@@ -326,7 +326,7 @@ def test_an_input_a_stalled_engine_answers_after_it_moved_is_dropped_where_it_mo
     it moved to is told to drop it, and counts it as load until that engine next answers."""
 
     async def scenario(rig: Rig) -> None:
-        rig.client.stall_timeout_s = 0.4  # taken for stalled after 0.1 s
+        rig.client.stalls.timeout_s = 0.4  # taken for stalled after 0.1 s
         a, b = rig.attach(0), rig.attach(1)
         future, (key,) = rig.client.submit([tok(5, 3)])  # both idle: the first wins the tie
         await until(lambda: key in b.keys, "the input moved off the silent engine")
