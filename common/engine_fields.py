@@ -68,8 +68,8 @@ class EngineFields(ServiceFields):
         ge=0,
         le=10,
         description=(
-            "Seconds an engine that last ran on every core keeps its threads awake after a forward while no other "
-            "engine works, so that a request after a short pause finds them ready: one core busy meanwhile; "
+            "Seconds an engine that last ran on every core keeps its threads awake after a forward while the other "
+            "engines stay idle, so that a request after a short pause finds them ready: one core busy meanwhile; "
             "0: its threads sleep once OpenMP's own spin ends "
             "([Kubernetes](../operations/kubernetes.md#threads-kept-awake-between-requests))."
         ),

@@ -39,12 +39,15 @@ warm ones, back to back, still take every core. bench.bursts, one request after 
 12.3-13.7 ms against 17.5-17.7 with cold forwards judged as any other; back to back 6.1 against 6.9.
 
 A team kept awake is not cold. Idle after a forward on every core, an engine runs a tiny region on
-its team every KEEP_WARM_EVERY_S for keep_warm_s (WARMPOOL_ENGINE_KEEP_WARM) while no other engine
-works, so its threads spin on instead of sleeping, one core busy meanwhile (the Intel OpenMP of
+its team every KEEP_WARM_EVERY_S for keep_warm_s (WARMPOOL_ENGINE_KEEP_WARM) while it would still be
+alone, so its threads spin on instead of sleeping, one core busy meanwhile (the Intel OpenMP of
 vLLM's CPU build spins 200 ms after each region). One client pausing 20-200 ms between requests, 2 cores
 of an AMD EPYC Zen 4, one server with keep-warm switched on and off in turn: p50 15.0-17.1 ms against
 19.1-23.0, back to back 14.0 against 14.5, the machine busy 1.14-1.46 cores against 0.15-0.63; with 2 to 8
-clients the engines take turns and nothing changed.
+clients the engines take turns and nothing changed. Kept while no other engine was at work instead, a team
+went on spinning beside a neighbour that had just answered, whose next forward found a third thread on
+two cores: two tenants' in-step pairs right after a forward on every core (bench.tenants) had their p99
+1.07-1.35x with the noisy third, against 1.03-1.07x with keep-warm off; kept only while alone, 1.01x.
 
 What a forward's threads did not get is the time they waited, runnable, for a core: the kernel's
 run-queue delay of each of the process's threads (/proc/self/task/*/schedstat). CPU time against
@@ -122,8 +125,7 @@ class ThreadShare:
         """Called before each forward pass: re-read who else is busy."""
         self.busy[self.slot] = BUSY
         now = time.monotonic()
-        others = [when for i, when in enumerate(self.busy) if i != self.slot]
-        alone = all(when != BUSY and now - when >= SOLO_AFTER_S for when in others)
+        alone = self._alone(now)
         self._cold = self.team_at is not None and now - self.team_at >= COLD_AFTER_S
         ready = now >= self.solo_from and (not self._cold or now >= self.cold_from)
         wanted = self.solo if alone and ready and not self.compiling else self.shared
@@ -165,18 +167,23 @@ class ThreadShare:
 
     def idle_warm(self, poll: Callable[[float], bool]) -> None:
         """Between forwards, until `poll` (the inbox's) finds work: a team that just ran on every core is
-        kept awake for keep_warm_s while no other engine works, each region marking this engine's slot
-        as just idle (another engine taking every core meanwhile would find three threads on two cores)."""
+        kept awake for keep_warm_s while the others are idle, each region marking this engine's slot as
+        just idle (another engine taking every core meanwhile would find three threads on two cores)."""
         while self._keeps_warm() and not poll(KEEP_WARM_EVERY_S):
             torch.add(self._warm_in, 1.0, out=self._warm_out)
             self.team_at = self.busy[self.slot] = time.monotonic()
 
     def _keeps_warm(self) -> bool:
+        """While a forward now would take every core: beside a neighbour that worked within SOLO_AFTER_S
+        it would run on the share, and the team's spinning would only take a core from that neighbour."""
         if self.solo < 2 or self.current != self.solo or self.compiling:
             return False
-        if time.monotonic() - self.forward_at >= self.keep_warm_s:
-            return False
-        return all(when != BUSY for i, when in enumerate(self.busy) if i != self.slot)
+        now = time.monotonic()
+        return now - self.forward_at < self.keep_warm_s and self._alone(now)
+
+    def _alone(self, now: float) -> bool:
+        """Every other engine idle for SOLO_AFTER_S at least."""
+        return all(when != BUSY and now - when >= SOLO_AFTER_S for i, when in enumerate(self.busy) if i != self.slot)
 
     def idle(self) -> None:
         if self.busy[self.slot] == BUSY:

@@ -320,6 +320,21 @@ def test_another_engine_at_work_ends_the_keep_warm(monkeypatch: pytest.MonkeyPat
     assert len(calls) == 1
 
 
+def test_a_neighbour_that_worked_within_the_solo_wait_ends_the_keep_warm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward now would run on the share beside an engine that has just worked: the team is let sleep
+    rather than spin beside that engine's next forward."""
+    busy = [0.0, 0.0]
+    share = _kept_warm(60.0, monkeypatch, busy)
+
+    def neighbour_answers(n: int) -> bool:
+        busy[1] = time.monotonic()  # it went idle just now
+        return False
+
+    calls, poll = _polls(neighbour_answers)
+    share.idle_warm(poll)
+    assert len(calls) == 1
+
+
 @pytest.mark.parametrize("case", ["keep_warm off", "last forward on the share", "one thread"])
 def test_a_team_not_to_keep_warm_is_not_polled_for(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With keep-warm off, after a forward beside a busy neighbour (one thread), or with one solo thread,
